@@ -90,6 +90,8 @@ pub fn vjp(
         }
         Op::Reduce { op, dims } => vec![Some(reduce(*op, dims, &ops[0], out, g))],
         Op::DotGeneral(dd) => dot_general(dd, &ops[0], &ops[1], g),
+        Op::Conv { pad_lo, pad_hi } => conv(b, pad_lo, pad_hi, &ops[0], &ops[1], g),
+        Op::Reverse { dims } => vec![Some(g.reverse(dims))],
         Op::Cumsum {
             dim,
             exclusive,
@@ -353,4 +355,59 @@ fn dot_side(
         })
         .collect();
     res.transpose(&perm)
+}
+
+/// Both cotangents of `conv(x, w)` (x `[N, S.., Cin]`, w `[K.., Cin, Cout]`, g
+/// `[N, O.., Cout]`), each itself a stride-1 convolution:
+/// - `dx = conv(g, reverse(w) with Cin and Cout swapped)` with padding `K - 1 - pad` per
+///   side; where `pad > K - 1` that would be negative, so the rows of `g` that only saw
+///   padding are sliced off instead;
+/// - `dw = conv(x^T, g^T)` with the forward padding, where `x^T = [Cin, S.., N]` and
+///   `g^T = [O.., N, Cout]` (the batch is the contracted "feature" dim), transposed back to
+///   `[K.., Cin, Cout]`.
+fn conv(
+    b: &Builder,
+    pad_lo: &[usize],
+    pad_hi: &[usize],
+    x: &Value,
+    w: &Value,
+    g: &Value,
+) -> Vec<Option<Value>> {
+    let k = pad_lo.len();
+    if x.ty().num_elements() == 0 || w.ty().num_elements() == 0 || g.ty().num_elements() == 0 {
+        return vec![Some(zeros(b, x)), Some(zeros(b, w))];
+    }
+    let (ks, os) = (w.shape(), g.shape());
+    let (mut start, mut limit) = (vec![0; k + 2], os.clone());
+    let (mut lo, mut hi) = (Vec::with_capacity(k), Vec::with_capacity(k));
+    for i in 0..k {
+        let reach = ks[i] - 1;
+        start[1 + i] = pad_lo[i].saturating_sub(reach);
+        limit[1 + i] -= pad_hi[i].saturating_sub(reach);
+        lo.push(reach.saturating_sub(pad_lo[i]));
+        hi.push(reach.saturating_sub(pad_hi[i]));
+    }
+    let spatial: Vec<usize> = (0..k).collect();
+    let mut swap: Vec<usize> = (0..k).collect();
+    swap.extend([k + 1, k]);
+    let wt = w.reverse(&spatial).transpose(&swap);
+    let trimmed = if start.iter().all(|&s| s == 0) && limit == os {
+        g.clone()
+    } else {
+        g.slice(&start, &limit)
+    };
+    let dx = trimmed.conv(&wt, &lo, &hi);
+
+    let mut xp = vec![k + 1];
+    xp.extend(1..=k);
+    xp.push(0);
+    let mut gp: Vec<usize> = (1..=k).collect();
+    gp.extend([0, k + 1]);
+    let mut back: Vec<usize> = (1..=k).collect();
+    back.extend([0, k + 1]);
+    let dw = x
+        .transpose(&xp)
+        .conv(&g.transpose(&gp), pad_lo, pad_hi)
+        .transpose(&back);
+    vec![Some(dx), Some(dw)]
 }

@@ -656,6 +656,43 @@ impl Value {
         self.dot_general(rhs, dims)
     }
 
+    /// Convolution of `self` (`[N, S.., Cin]`) with `kernel` (`[K.., Cin, Cout]`), stride 1,
+    /// zero padding `pad_lo` / `pad_hi` per spatial dim (see [`Op::Conv`]).
+    pub fn conv(&self, kernel: &Value, pad_lo: &[usize], pad_hi: &[usize]) -> Value {
+        self.b.emit(
+            Op::Conv {
+                pad_lo: pad_lo.to_vec(),
+                pad_hi: pad_hi.to_vec(),
+            },
+            &[self, kernel],
+            None,
+        )
+    }
+
+    /// Convolution with SAME padding: the result has the spatial sizes of `self`
+    /// (`K - 1` padding per dim, the extra element, if any, at the high end).
+    pub fn conv_same(&self, kernel: &Value) -> Value {
+        let k = self.rank().saturating_sub(2);
+        let ks = kernel.shape();
+        let lo: Vec<usize> = (0..k).map(|i| ks[i].saturating_sub(1) / 2).collect();
+        let hi: Vec<usize> = (0..k).map(|i| ks[i].saturating_sub(1) - lo[i]).collect();
+        self.conv(kernel, &lo, &hi)
+    }
+
+    /// Flip along `dims` (a no-op for none).
+    pub fn reverse(&self, dims: &[usize]) -> Value {
+        if dims.is_empty() {
+            return self.clone();
+        }
+        self.b.emit(
+            Op::Reverse {
+                dims: dims.to_vec(),
+            },
+            &[self],
+            None,
+        )
+    }
+
     pub fn cumsum(&self, dim: usize, exclusive: bool, reverse: bool) -> Value {
         self.b.emit(
             Op::Cumsum {

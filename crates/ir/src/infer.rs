@@ -335,6 +335,14 @@ pub fn infer_type(
             shape.extend(dd.rhs_free(r.rank()).iter().map(|&d| r.shape[d]));
             l.with_shape(shape)
         }
+        Op::Conv { pad_lo, pad_hi } => conv_type(name, operands[0], operands[1], pad_lo, pad_hi)?,
+        Op::Reverse { dims } => {
+            let x = operands[0];
+            if !distinct_in_range(dims, x.rank()) {
+                return Err(err(format!("dims {dims:?} must be distinct dims of {x}")));
+            }
+            x.clone()
+        }
         Op::Cumsum { dim, .. } => {
             let x = operands[0];
             if *dim >= x.rank() || x.dtype == DType::Bool {
@@ -509,4 +517,61 @@ fn gather_type(op: &str, x: &Type, idx: &Type, axis: usize, b: usize) -> Result<
     s.extend_from_slice(&idx.shape[b..]);
     s.extend_from_slice(&x.shape[axis + 1..]);
     Ok(x.with_shape(s))
+}
+
+/// The result type of a convolution (see [`Op::Conv`]): lhs `[N, S.., Cin]`, kernel
+/// `[K.., Cin, Cout]`, result `[N, O.., Cout]` with `O = pad_lo + S + pad_hi - K + 1`.
+fn conv_type(
+    op: &str,
+    l: &Type,
+    r: &Type,
+    pad_lo: &[usize],
+    pad_hi: &[usize],
+) -> Result<Type, ShapeError> {
+    let k = pad_lo.len();
+    let bad = |why: String| {
+        ShapeError::new(
+            op,
+            format!("{l} with kernel {r}, pad_lo={pad_lo:?} pad_hi={pad_hi:?}: {why}"),
+        )
+    };
+    if l.dtype != r.dtype || l.dtype == DType::Bool {
+        return Err(bad("operands need one numeric dtype".into()));
+    }
+    if k == 0 || pad_hi.len() != k {
+        return Err(bad(
+            "give pad_lo and pad_hi one entry per spatial dim (at least one)".into(),
+        ));
+    }
+    if l.rank() != k + 2 || r.rank() != k + 2 {
+        return Err(bad(format!(
+            "with {k} spatial dim(s) the lhs must be [N, S.., Cin] and the kernel [K.., Cin, Cout], both of rank {}",
+            k + 2
+        )));
+    }
+    if l.shape[k + 1] != r.shape[k] {
+        return Err(bad(format!(
+            "lhs input features {} differ from the kernel's {}",
+            l.shape[k + 1],
+            r.shape[k]
+        )));
+    }
+    let mut shape = Vec::with_capacity(k + 2);
+    shape.push(l.shape[0]);
+    for i in 0..k {
+        let kk = r.shape[i];
+        let padded = pad_lo[i]
+            .checked_add(l.shape[1 + i])
+            .and_then(|n| n.checked_add(pad_hi[i]))
+            .and_then(|n| n.checked_add(1))
+            .ok_or_else(|| bad(format!("padded size of spatial dim {i} overflows")))?;
+        if kk == 0 || padded < kk {
+            return Err(bad(format!(
+                "kernel spatial dim {i} ({kk}) must be between 1 and pad_lo + size + pad_hi + 1 ({padded})"
+            )));
+        }
+        shape.push(padded - kk);
+    }
+    shape.push(r.shape[k + 1]);
+    Ok(l.with_shape(shape))
 }

@@ -172,6 +172,20 @@ pub enum Op {
         dims: Vec<usize>,
     },
     DotGeneral(DotDims),
+    /// Convolution with window stride 1 and no dilation (cross-correlation, as in XLA):
+    /// lhs `[N, S_1..S_k, Cin]`, kernel `[K_1..K_k, Cin, Cout]`, result `[N, O_1..O_k, Cout]`
+    /// with `O_i = pad_lo[i] + S_i + pad_hi[i] - K_i + 1` and
+    /// `out[n, o, co] = sum_{j, ci} lhs[n, o + j - pad_lo, ci] * kernel[j, ci, co]`, reading
+    /// zeros outside the lhs. `k = pad_lo.len() >= 1` spatial dims; SAME and VALID padding
+    /// are special cases.
+    Conv {
+        pad_lo: Vec<usize>,
+        pad_hi: Vec<usize>,
+    },
+    /// Flip along `dims`: `out[.., i_d, ..] = in[.., n_d - 1 - i_d, ..]` for `d` in `dims`.
+    Reverse {
+        dims: Vec<usize>,
+    },
     /// Prefix sum along `dim`; `exclusive` starts at 0, `reverse` runs from the end.
     Cumsum {
         dim: usize,
@@ -259,6 +273,8 @@ impl Op {
             Op::Concatenate { .. } => "concatenate",
             Op::Reduce { .. } => "reduce",
             Op::DotGeneral(_) => "dot_general",
+            Op::Conv { .. } => "conv",
+            Op::Reverse { .. } => "reverse",
             Op::Cumsum { .. } => "cumsum",
             Op::Argmax { .. } => "argmax",
             Op::Gather { .. } => "gather",
@@ -296,6 +312,8 @@ impl Op {
             | Op::Concatenate { .. }
             | Op::Reduce { .. }
             | Op::DotGeneral(_)
+            | Op::Conv { .. }
+            | Op::Reverse { .. }
             | Op::Cumsum { .. }
             | Op::Argmax { .. }
             | Op::Gather { .. }
@@ -338,6 +356,8 @@ impl Op {
             | Op::Concatenate { .. }
             | Op::Reduce { .. }
             | Op::DotGeneral(_)
+            | Op::Conv { .. }
+            | Op::Reverse { .. }
             | Op::Cumsum { .. }
             | Op::Argmax { .. }
             | Op::Gather { .. }
@@ -379,6 +399,8 @@ impl Op {
             | Op::Concatenate { .. }
             | Op::Reduce { .. }
             | Op::DotGeneral(_)
+            | Op::Conv { .. }
+            | Op::Reverse { .. }
             | Op::Cumsum { .. }
             | Op::Argmax { .. }
             | Op::Gather { .. }
@@ -416,6 +438,8 @@ impl Op {
             | Op::Concatenate { .. }
             | Op::Reduce { .. }
             | Op::DotGeneral(_)
+            | Op::Conv { .. }
+            | Op::Reverse { .. }
             | Op::Cumsum { .. }
             | Op::Argmax { .. }
             | Op::Gather { .. }
@@ -444,6 +468,7 @@ impl Op {
             | Op::Broadcast { .. }
             | Op::Reshape
             | Op::Transpose { .. }
+            | Op::Reverse { .. }
             | Op::Slice { .. }
             | Op::Reduce { .. }
             | Op::Cumsum { .. }
@@ -457,6 +482,7 @@ impl Op {
             | Op::Compare(_)
             | Op::Pad { .. }
             | Op::DotGeneral(_)
+            | Op::Conv { .. }
             | Op::Gather { .. } => Some(2),
             Op::Select | Op::ScatterAdd { .. } => Some(3),
             Op::DynamicSlice { .. }

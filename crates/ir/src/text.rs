@@ -145,6 +145,10 @@ fn attrs(op: &Op) -> Vec<(&'static str, AttrRef<'_>)> {
         Op::Slice { start, limit } => vec![("start", A::List(start)), ("limit", A::List(limit))],
         Op::DynamicSlice { sizes } => vec![("sizes", A::List(sizes))],
         Op::Pad { low, high } => vec![("low", A::List(low)), ("high", A::List(high))],
+        Op::Conv { pad_lo, pad_hi } => {
+            vec![("pad_lo", A::List(pad_lo)), ("pad_hi", A::List(pad_hi))]
+        }
+        Op::Reverse { dims } => vec![("dims", A::List(dims))],
         Op::Reduce { op, dims } => vec![("op", A::Reduce(*op)), ("dims", A::List(dims))],
         Op::DotGeneral(d) => [
             ("lhs_batch", &d.lhs_batch),
@@ -226,6 +230,11 @@ fn slots(op: &mut Op) -> Vec<AttrSlot<'_>> {
         }
         Op::DynamicSlice { sizes } => vec![req("sizes", S::List(sizes))],
         Op::Pad { low, high } => vec![req("low", S::List(low)), req("high", S::List(high))],
+        Op::Conv { pad_lo, pad_hi } => vec![
+            req("pad_lo", S::List(pad_lo)),
+            req("pad_hi", S::List(pad_hi)),
+        ],
+        Op::Reverse { dims } => vec![req("dims", S::List(dims))],
         Op::Reduce { op, dims } => vec![req("op", S::Reduce(op)), req("dims", S::List(dims))],
         Op::DotGeneral(DotDims {
             lhs_batch,
@@ -317,6 +326,11 @@ fn op_template(name: &str) -> Option<Op> {
             dims: vec![],
         },
         "dot_general" => Op::DotGeneral(DotDims::default()),
+        "conv" => Op::Conv {
+            pad_lo: vec![],
+            pad_hi: vec![],
+        },
+        "reverse" => Op::Reverse { dims: vec![] },
         "cumsum" => Op::Cumsum {
             dim: 0,
             exclusive: false,
@@ -1435,6 +1449,8 @@ mod tests {
             "concatenate",
             "reduce",
             "dot_general",
+            "conv",
+            "reverse",
             "cumsum",
             "argmax",
             "gather",

@@ -149,3 +149,21 @@ fn rng_streams_are_distinct() {
     };
     assert_ne!(stream(&a), stream(&c));
 }
+
+#[test]
+fn conv_same_keeps_spatial_sizes_and_reverse_keeps_the_type() {
+    let b = Builder::new();
+    let x = b.param("x", f32t(&[2, 7, 5, 3]));
+    let w = b.param("w", f32t(&[4, 1, 3, 6]));
+    let y = x.conv_same(&w);
+    assert_eq!(y.shape(), vec![2, 7, 5, 6]);
+    assert_eq!(
+        b.program().instr(y.id).op,
+        Op::Conv {
+            pad_lo: vec![1, 0],
+            pad_hi: vec![2, 0]
+        }
+    );
+    assert_eq!(w.reverse(&[0, 1]).ty(), w.ty());
+    assert_eq!(w.reverse(&[]).id, w.id, "reversing no dims is the identity");
+}

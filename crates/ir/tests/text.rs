@@ -722,6 +722,7 @@ fn huge_sizes_are_rejected_without_allocating() {
 fn fuzz_seeds_stay_in_sync_with_the_format() {
     canonical(include_str!("../fuzz/corpus/parse/seed-mlp.txt"));
     canonical(include_str!("../fuzz/corpus/parse/seed-collectives.txt"));
+    canonical(include_str!("../fuzz/corpus/parse/seed-conv.txt"));
     fails(
         include_str!("../fuzz/corpus/parse/seed-errors.txt"),
         2,
@@ -765,4 +766,59 @@ fn numbers_in_every_spelling() {
     assert!(matches!(p.instrs[0].op, Op::Constant { value: Literal::Splat(v) } if v.is_nan()));
     assert_eq!(print_instr(&p, 1), "%1 = f64[] constant(NaN)");
     assert_eq!(print_instr(&p, 2), "%2 = f64[] constant(-0.0)");
+}
+
+#[test]
+fn conv_and_reverse_print_parse_and_check_shapes() {
+    let src = r#"
+%x  = f32[2,8,3] parameter("x")
+%w  = f32[3,3,5] parameter("w")
+%y  = f32[2,8,5] conv(%x, %w) pad_lo=[1] pad_hi=[1]
+%v  = f32[2,6,5] conv(%x, %w) pad_lo=[0] pad_hi=[0]
+%x2 = f64[1,4,5,2] parameter("x2")
+%w2 = f64[2,3,2,7] parameter("w2")
+%y2 = f64[1,5,3,7] conv(%x2, %w2) pad_lo=[1, 0] pad_hi=[1, 0]
+%r  = f32[3,3,5] reverse(%w) dims=[0, 1]
+output "y" = %y
+"#;
+    let text = canonical(src);
+    assert!(
+        text.contains("%2 = f32[2,8,5] conv(%0, %1) pad_lo=[1] pad_hi=[1]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("%7 = f32[3,3,5] reverse(%1) dims=[0, 1]"),
+        "{text}"
+    );
+    let x = "%0 = f32[2,8,3] parameter(\"x\")\n";
+    fails(
+        &format!("{x}%1 = f32[3,4,5] parameter(\"w\")\n%2 = f32[2,8,5] conv(%0, %1) pad_lo=[1] pad_hi=[1]"),
+        3,
+        17,
+        "lhs input features 3 differ from the kernel's 4",
+    );
+    fails(
+        &format!("{x}%1 = f32[3,3,5] parameter(\"w\")\n%2 = f32[2,8,5] conv(%0, %1) pad_lo=[1, 1] pad_hi=[1, 1]"),
+        3,
+        17,
+        "both of rank 4",
+    );
+    fails(
+        &format!("{x}%1 = f32[12,3,5] parameter(\"w\")\n%2 = f32[2,0,5] conv(%0, %1) pad_lo=[1] pad_hi=[1]"),
+        3,
+        17,
+        "kernel spatial dim 0 (12) must be between 1 and pad_lo + size + pad_hi + 1 (11)",
+    );
+    fails(
+        &format!("{x}%1 = f32[3,3,5] parameter(\"w\")\n%2 = f32[2,8,5] conv(%0, %1) pad_lo=[1]"),
+        3,
+        17,
+        "conv needs attribute `pad_hi`",
+    );
+    fails(
+        &format!("{x}%1 = f32[2,8,3] reverse(%0) dims=[1, 1]"),
+        2,
+        17,
+        "dims [1, 1] must be distinct dims of f32[2,8,3]",
+    );
 }

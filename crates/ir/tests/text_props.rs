@@ -54,7 +54,7 @@ const NUMERIC: [DType; 4] = [DType::F32, DType::F64, DType::BF16, DType::I32];
 const INT_OR_BOOL: [DType; 2] = [DType::I32, DType::Bool];
 
 /// Number of op kinds the generator knows; [`kind_of`] maps every `Op` to one.
-const NUM_KINDS: usize = 31;
+const NUM_KINDS: usize = 33;
 
 /// The generator's kind index of an op (an exhaustive match, so a new `Op` variant fails to
 /// compile here until the generator learns it).
@@ -91,6 +91,8 @@ fn kind_of(op: &Op) -> usize {
         Op::ReduceScatter { .. } => 28,
         Op::AllToAll { .. } => 29,
         Op::CollectivePermute { .. } => 30,
+        Op::Conv { .. } => 31,
+        Op::Reverse { .. } => 32,
     }
 }
 
@@ -582,6 +584,38 @@ impl Gen {
                 let n = r.below(k + 1);
                 let pairs = src.into_iter().zip(dst).take(n).collect();
                 self.push(Op::CollectivePermute { axes, pairs }, vec![x], None)
+            }
+            (31, _) => {
+                // lhs [N, S.., Cin] of 1-2 spatial dims, kernel [K.., Cin, Cout].
+                let k = 1 + r.below(2);
+                let x = self.choose(
+                    r,
+                    |t| NUMERIC.contains(&t.dtype) && t.rank() == k + 2,
+                    |r| rand_type(r, &NUMERIC, k + 2),
+                );
+                let k = self.ty(x).rank() - 2;
+                let xt = self.ty(x);
+                let mut kshape: Vec<usize> = (0..k).map(|_| 1 + r.below(3)).collect();
+                kshape.push(xt.shape[k + 1]);
+                kshape.push(r.below(4));
+                let (mut pad_lo, mut pad_hi) = (Vec::new(), Vec::new());
+                for (&n, &kk) in xt.shape[1..=k].iter().zip(&kshape) {
+                    let (lo, mut hi) = (r.below(3), r.below(3));
+                    while lo + n + hi + 1 < kk {
+                        hi += 1;
+                    }
+                    pad_lo.push(lo);
+                    pad_hi.push(hi);
+                }
+                let w = self.of_type(r, &xt.with_shape(kshape));
+                self.push(Op::Conv { pad_lo, pad_hi }, vec![x, w], None)
+            }
+            (32, _) => {
+                let x = self.operand(r, &DType::ALL, 0);
+                let mut dims: Vec<usize> = (0..self.ty(x).rank()).collect();
+                r.shuffle(&mut dims);
+                dims.truncate(r.below(dims.len() + 1));
+                self.push(Op::Reverse { dims }, vec![x], None)
             }
             // Collectives without a mesh: a copy instead.
             (_, _) => {

@@ -160,6 +160,8 @@ fn reduction_of(op: &Op) -> Option<ReduceOp> {
         | Op::Concatenate { .. }
         | Op::Reduce { .. }
         | Op::DotGeneral(_)
+        | Op::Conv { .. }
+        | Op::Reverse { .. }
         | Op::Cumsum { .. }
         | Op::Argmax { .. }
         | Op::Gather { .. }
@@ -336,6 +338,8 @@ impl Communicator for InProcess {
                     | Op::Concatenate { .. }
                     | Op::Reduce { .. }
                     | Op::DotGeneral(_)
+                    | Op::Conv { .. }
+                    | Op::Reverse { .. }
                     | Op::Cumsum { .. }
                     | Op::Argmax { .. }
                     | Op::Gather { .. }

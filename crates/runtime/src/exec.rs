@@ -30,7 +30,7 @@
 use crate::comm::{wire_bytes, CommError, Communicator};
 use crate::kernels::dot::{dot, DotPath, DotPlan};
 use crate::kernels::elementwise::{collapse_broadcast, run_fused_inplace, Fused, Node};
-use crate::kernels::{bytes, index, layout, reduce, scalar_f64, strides, zeros};
+use crate::kernels::{bytes, conv, index, layout, reduce, scalar_f64, strides, zeros};
 use crate::profile::{Profiler, TraceEvent};
 use crate::reference::RuntimeError;
 use crate::tensor::{Data, HostTensor};
@@ -191,6 +191,8 @@ fn fusible(op: &Op) -> bool {
         | Op::Concatenate { .. }
         | Op::Reduce { .. }
         | Op::DotGeneral(_)
+        | Op::Conv { .. }
+        | Op::Reverse { .. }
         | Op::Cumsum { .. }
         | Op::Argmax { .. }
         | Op::Gather { .. }
@@ -227,6 +229,8 @@ fn generator(op: &Op) -> bool {
         | Op::Concatenate { .. }
         | Op::Reduce { .. }
         | Op::DotGeneral(_)
+        | Op::Conv { .. }
+        | Op::Reverse { .. }
         | Op::Cumsum { .. }
         | Op::Argmax { .. }
         | Op::Gather { .. }
@@ -343,6 +347,8 @@ impl GroupBuilder<'_> {
                 | Op::Concatenate { .. }
                 | Op::Reduce { .. }
                 | Op::DotGeneral(_)
+                | Op::Conv { .. }
+                | Op::Reverse { .. }
                 | Op::Cumsum { .. }
                 | Op::Argmax { .. }
                 | Op::Gather { .. }
@@ -393,6 +399,7 @@ fn identity_op(p: &Program, i: usize, op: &Op) -> bool {
         Op::Transpose { perm } => perm.iter().enumerate().all(|(a, &b)| a == b),
         Op::Pad { low, high } => low.iter().chain(high).all(|&x| x == 0),
         Op::Concatenate { .. } => ins.operands.len() == 1,
+        Op::Reverse { dims } => dims.iter().all(|&d| ins.ty.shape[d] <= 1),
         Op::Parameter { .. }
         | Op::Constant { .. }
         | Op::Iota { .. }
@@ -407,6 +414,7 @@ fn identity_op(p: &Program, i: usize, op: &Op) -> bool {
         | Op::DynamicUpdateSlice
         | Op::Reduce { .. }
         | Op::DotGeneral(_)
+        | Op::Conv { .. }
         | Op::Cumsum { .. }
         | Op::Argmax { .. }
         | Op::Gather { .. }
@@ -607,6 +615,8 @@ impl Executable {
                 | Op::Concatenate { .. }
                 | Op::Reduce { .. }
                 | Op::DotGeneral(_)
+                | Op::Conv { .. }
+                | Op::Reverse { .. }
                 | Op::Cumsum { .. }
                 | Op::Argmax { .. }
                 | Op::Gather { .. }
@@ -1179,6 +1189,10 @@ fn kernel(p: &Program, ins: &Instr, args: &[&Data], out: &mut Data) {
             let plan = DotPlan::new(shape(0), shape(1), dd);
             dot(&plan, shape(0), args[0], shape(1), args[1], out);
         }
+        Op::Conv { pad_lo, .. } => {
+            conv::conv(args[0], shape(0), args[1], shape(1), pad_lo, &ty.shape, out)
+        }
+        Op::Reverse { dims } => layout::reverse(args[0], shape(0), dims, out),
         Op::Cumsum {
             dim,
             exclusive,

@@ -400,6 +400,47 @@ proptest! {
         }
     }
 
+    /// 1-3 spatial dims, paddings beyond the kernel reach, and sizes where windows overhang.
+    #[test]
+    fn conv_matches_within_accumulation_tolerance(seed in any::<u64>()) {
+        let mut rng = Rng(seed);
+        let dt = rng.pick(&[DType::F32, DType::F64, DType::BF16, DType::I32]);
+        let k = 1 + rng.below(3);
+        let mut xs = vec![rng.below(3)];
+        let mut ks = Vec::new();
+        let (mut lo, mut hi) = (Vec::new(), Vec::new());
+        for _ in 0..k {
+            let (s, kk) = (rng.below(6), 1 + rng.below(3));
+            let l = rng.below(4);
+            xs.push(s);
+            ks.push(kk);
+            lo.push(l);
+            hi.push(rng.below(4).max((kk + 1).saturating_sub(l + s + 1)));
+        }
+        let cin = rng.below(4);
+        xs.push(cin);
+        ks.extend([cin, rng.below(5)]);
+        let (xt, kt) = (Type::new(dt, xs), Type::new(dt, ks));
+        let b = Builder::new();
+        let x = b.param("x", xt.clone());
+        let w = b.param("w", kt.clone());
+        b.output("y", &x.conv(&w, &lo, &hi));
+        let p = b.finish();
+        let ins: HashMap<String, HostTensor> = [("x".to_string(), rng.tensor(&xt, false)), ("w".to_string(), rng.tensor(&kt, false))].into_iter().collect();
+        let (got, want) = run_both(&p, &ins);
+        if dt == DType::I32 {
+            assert_exact(&p, &got, &want);
+        } else {
+            let bb = Builder::new();
+            let (x2, w2) = (bb.param("x", xt.with_dtype(DType::F64)), bb.param("w", kt.with_dtype(DType::F64)));
+            bb.output("y", &x2.abs().conv(&w2.abs(), &lo, &hi));
+            let abs_ins = ins.iter().map(|(k, v)| (k.clone(), v.convert(DType::F64))).collect();
+            let bound = runtime::run(&bb.finish(), &abs_ins).unwrap();
+            let (tol, slack) = match dt { DType::F32 => (1e-5, 0.0), DType::F64 => (1e-12, 0.0), _ => (1e-5, 2f64.powi(-7)) };
+            assert_bounded("conv", &got["y"], &want["y"], &bound["y"], tol, slack);
+        }
+    }
+
     #[test]
     fn data_movement_is_exact(seed in any::<u64>()) {
         let mut rng = Rng(seed);
@@ -446,6 +487,8 @@ proptest! {
         let d = rng.below(r);
         b.output("concat", &b.emit(Op::Concatenate { dim: d }, &[&x, &ds.clone(), &x].iter().filter(|v| v.shape().iter().enumerate().all(|(i, &n)| i == d || n == shape[i])).copied().collect::<Vec<_>>(), None));
         b.output("reshape", &b.emit(Op::Reshape, &[&x], Some(ty.with_shape(vec![ty.num_elements()]))));
+        let rdims: Vec<usize> = (0..r).filter(|_| rng.below(2) == 0).collect();
+        b.output("reverse", &b.emit(Op::Reverse { dims: rdims }, &[&x], None));
         // iota and constants
         if dt != DType::Bool {
             b.output("iota", &b.emit(Op::Iota { dim: rng.below(r) }, &[], Some(ty.clone())));
@@ -864,4 +907,60 @@ fn profile_is_chrome_trace_json_with_one_track_per_device() {
         evs.iter().filter_map(|e| e["tid"].as_u64()).collect();
     assert_eq!(tids.len(), 2);
     let _ = bf16::ONE;
+}
+
+/// A partitioned conv whose spatial dim is split (halo exchange: slices, collective-permutes,
+/// concatenation, per-device dynamic slices by partition id, the local conv) and a reversed
+/// split dim (a mirroring permute) on the executor over `InProcess` vs the reference's
+/// `run_spmd`, every device with its own inputs.
+#[test]
+fn partitioned_halo_programs_match_the_reference() {
+    // SAME (tiles line up), VALID with output tiles shorter than input tiles (per-device
+    // windows), one-sided padding.
+    for (spec, len, lo, hi) in [("x=4", 16, 1, 1), ("x=4", 10, 0, 0), ("a=2,b=2", 8, 2, 0)] {
+        let mesh = Mesh::parse_spec(spec).unwrap();
+        let axis = mesh.axes[0].name.clone();
+        let b = Builder::with_mesh(mesh.clone());
+        let f64t = |s: &[usize]| Type::new(DType::F64, s.to_vec());
+        let x = sharding::split(&b.param("x", f64t(&[2, len, 3])), 1, &axis).unwrap();
+        let w = b.param("w", f64t(&[3, 3, 4]));
+        let y = x.conv(&w, &[lo], &[hi]).reverse(&[1]);
+        b.output("y", &y);
+        b.output("loss", &y.mul(&y).sum_all());
+        let part = spmd::compile(&b.finish()).unwrap().program;
+        let has = |name: &str| part.instrs.iter().any(|i| i.op.name() == name);
+        assert!(has("collective_permute"), "{}", ir::text::print(&part));
+        assert_eq!(
+            has("dynamic_slice"),
+            len == 10,
+            "{}",
+            ir::text::print(&part)
+        );
+        let mut rng = Rng(7);
+        let ins: Vec<HashMap<String, HostTensor>> = (0..mesh.num_devices())
+            .map(|_| {
+                part.params()
+                    .into_iter()
+                    .map(|(name, v)| (name.to_string(), rng.tensor(part.ty(v), false)))
+                    .collect()
+            })
+            .collect();
+        let want = runtime::run_spmd(&part, &ins).unwrap();
+        let got = Executable::new(&part)
+            .unwrap()
+            .run(&InProcess::new(mesh.num_devices()), &ins, None)
+            .unwrap()
+            .outputs;
+        for (d, (g, w)) in got.iter().zip(&want).enumerate() {
+            for (name, wt) in w {
+                let (gv, wv) = (g[name].to_f64_vec(), wt.to_f64_vec());
+                for (a, b) in gv.iter().zip(&wv) {
+                    assert!(
+                        (a - b).abs() <= 1e-9 * (1.0 + b.abs()),
+                        "{spec} device {d} {name}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -809,3 +809,71 @@ fn emitted_ops_match_their_builder_forms() {
         vec![1., 2., 3., 4.]
     );
 }
+
+#[test]
+fn conv_with_same_valid_and_asymmetric_padding() {
+    let b = Builder::new();
+    let x = b.param("x", f32t(&[1, 4, 1]));
+    let w = b.param("w", f32t(&[3, 1, 1]));
+    b.output("same", &x.conv(&w, &[1], &[1]));
+    b.output("valid", &x.conv(&w, &[0], &[0]));
+    b.output("low", &x.conv(&w, &[2], &[0]));
+    // Two input and three output features, a 1-wide kernel: a matmul per position.
+    let c = b.param("c", f32t(&[1, 2, 2]));
+    let k = b.param("k", f32t(&[1, 2, 3]));
+    b.output("feat", &c.conv(&k, &[0], &[0]));
+    // Two spatial dims.
+    let y = b.param("y", f32t(&[1, 2, 2, 1]));
+    let ones = b.splat(1.0, f32t(&[2, 2, 1, 1]));
+    b.output("2d", &y.conv(&ones, &[1, 1], &[0, 0]));
+    let p = b.finish();
+    let r = run1(
+        &p,
+        vec![
+            ("x", x_f32(&[1, 4, 1], &[1., 2., 3., 4.])),
+            ("w", x_f32(&[3, 1, 1], &[1., 10., 100.])),
+            ("c", x_f32(&[1, 2, 2], &[1., 2., 3., 4.])),
+            ("k", x_f32(&[1, 2, 3], &[1., 0., 1., 0., 1., 1.])),
+            ("y", x_f32(&[1, 2, 2, 1], &[1., 2., 3., 4.])),
+        ],
+    );
+    assert_eq!(r["same"].to_f64_vec(), vec![210., 321., 432., 43.]);
+    assert_eq!(r["valid"].to_f64_vec(), vec![321., 432.]);
+    assert_eq!(r["low"].to_f64_vec(), vec![100., 210., 321., 432.]);
+    assert_eq!(r["feat"].to_f64_vec(), vec![1., 2., 3., 3., 4., 7.]);
+    assert_eq!(r["2d"].to_f64_vec(), vec![1., 3., 4., 10.]);
+}
+
+#[test]
+fn conv_padding_multiplies_zeros_into_the_kernel() {
+    // The padding is explicit zeros: 0 * inf = NaN reaches the edge outputs.
+    let b = Builder::new();
+    let x = b.param("x", f32t(&[1, 2, 1]));
+    let w = b.param("w", f32t(&[2, 1, 1]));
+    b.output("y", &x.conv(&w, &[1], &[0]));
+    let p = b.finish();
+    let r = run1(
+        &p,
+        vec![
+            ("x", x_f32(&[1, 2, 1], &[1., 2.])),
+            ("w", x_f32(&[2, 1, 1], &[f32::INFINITY, 1.])),
+        ],
+    );
+    let y = r["y"].to_f64_vec();
+    assert!(y[0].is_nan() && y[1] == f64::INFINITY, "{y:?}");
+}
+
+#[test]
+fn reverse_along_some_or_all_dims() {
+    let b = Builder::new();
+    let x = b.param("x", i32t(&[2, 3]));
+    b.output("inner", &x.reverse(&[1]));
+    b.output("both", &x.reverse(&[0, 1]));
+    let p = b.finish();
+    let r = run1(
+        &p,
+        vec![("x", HostTensor::from_i32([2, 3], vec![1, 2, 3, 4, 5, 6]))],
+    );
+    assert_eq!(r["inner"].as_i32(), Some(&[3, 2, 1, 6, 5, 4][..]));
+    assert_eq!(r["both"].as_i32(), Some(&[6, 5, 4, 3, 2, 1][..]));
+}

@@ -214,6 +214,45 @@ pub fn forward(ctx: &Ctx, i: usize, level: u8) -> Option<Sharding> {
             }
             Some(best)
         }
+        Op::Conv { pad_lo, .. } => {
+            if !level1 {
+                return None;
+            }
+            // Batch and spatial dims come from the lhs (a spatial dim whose kernel dim is
+            // split is summed over, not kept), output features from the kernel.
+            let k = pad_lo.len();
+            let ker = ctx.of(ops[1]);
+            let mut cands = Vec::new();
+            if let Some(s) = ctx.of(ops[0]) {
+                let spatial = (0..k)
+                    .filter(|&j| ker.is_none_or(|w| w.dims[j].is_empty()))
+                    .map(|j| (1 + j, s.dims[1 + j].clone()));
+                cands.push((
+                    ctx.p.ty(ops[0]).size_bytes(),
+                    from_dims(
+                        out_rank,
+                        std::iter::once((0, s.dims[0].clone())).chain(spatial),
+                    ),
+                ));
+            }
+            if let Some(w) = ker {
+                cands.push((
+                    ctx.p.ty(ops[1]).size_bytes(),
+                    from_dims(out_rank, [(k + 1, w.dims[k + 1].clone())]),
+                ));
+            }
+            cands.sort_by_key(|c| std::cmp::Reverse(c.0));
+            let cands: Vec<Sharding> = cands.into_iter().filter_map(|(_, s)| valid(s)).collect();
+            let mut best = cands.first()?.clone();
+            for c in &cands[1..] {
+                if let Some(m) = algebra::merge(&best, c) {
+                    best = m;
+                }
+            }
+            Some(best)
+        }
+        // Same tiles; the partitioner moves whole tiles to their mirrored devices.
+        Op::Reverse { .. } => ctx.of(ops[0]).cloned(),
         Op::Gather { axis, batch_dims } => {
             if !level1 {
                 return None;
@@ -363,6 +402,35 @@ pub fn backward(ctx: &Ctx, i: usize, k: usize, level: u8) -> Option<Sharding> {
             }
             Some(best)
         }
+        Op::Conv { pad_lo, .. } => {
+            if !level1 {
+                return None;
+            }
+            let kk = pad_lo.len();
+            let other = ctx.of(ops[1 - k]);
+            let (from_out, from_other) = if k == 0 {
+                // Batch and spatial dims from the result, input features from the kernel's.
+                let out = from_dims(in_rank, (0..=kk).map(|d| (d, s.dims[d].clone())));
+                let feat = other.map(|w| from_dims(in_rank, [(kk + 1, w.dims[kk].clone())]));
+                (out, feat)
+            } else {
+                // Output features from the result, input features from the lhs; the window
+                // dims stay whole.
+                let out = from_dims(in_rank, [(kk + 1, s.dims[kk + 1].clone())]);
+                let feat = other.map(|l| from_dims(in_rank, [(kk, l.dims[kk + 1].clone())]));
+                (out, feat)
+            };
+            let mut cands: Vec<Sharding> = valid(from_out).into_iter().collect();
+            cands.extend(from_other.and_then(valid));
+            let mut best = cands.first()?.clone();
+            for c in &cands[1..] {
+                if let Some(m) = algebra::merge(&best, c) {
+                    best = m;
+                }
+            }
+            Some(best)
+        }
+        Op::Reverse { .. } => Some(s.clone()),
         Op::Gather { axis, batch_dims } => {
             if !level1 {
                 return None;

@@ -167,3 +167,42 @@ fn shard_with_device_assignment() {
         Err(ShardingError::AssignmentNotOnMesh { .. })
     ));
 }
+
+#[test]
+fn conv_passes_batch_and_spatial_from_the_lhs_and_output_features_from_the_kernel() {
+    let mesh = Mesh::new(&[("a", 2), ("b", 2), ("c", 2)]).unwrap();
+    let b = Builder::with_mesh(mesh);
+    let x = mesh_split(&b.param("x", f32t(&[4, 16, 3])), &[&["a"], &["b"], &[]]).unwrap();
+    let w = mesh_split(&b.param("w", f32t(&[3, 3, 8])), &[&[], &[], &["c"]]).unwrap();
+    let y = x.conv(&w, &[1], &[1]);
+    // Backward: an annotated result gives the lhs its batch and spatial layout, and the
+    // kernel its output features; input features and the window stay whole.
+    let u = b.param("u", f32t(&[4, 16, 3]));
+    let v = b.param("v", f32t(&[3, 3, 8]));
+    let z = mesh_split(&u.conv(&v, &[1], &[1]), &[&["b"], &["a"], &["c"]]).unwrap();
+    // A kernel split on the window (a kernel gradient): that output dim is summed, not kept.
+    let k = mesh_split(&b.param("k", f32t(&[16, 4, 2])), &[&["b"], &[], &[]]).unwrap();
+    let g = x.transpose(&[2, 1, 0]).conv(&k, &[1], &[1]);
+    b.output("y", &y);
+    b.output("z", &z);
+    b.output("g", &g);
+    let p = propagate(&b.finish()).unwrap();
+    let s = |v: &ir::Value| p.instr(v.id).sharding.clone().unwrap();
+    assert_eq!(s(&y), sh(&[&["a"], &["b"], &["c"]]));
+    assert_eq!(s(&u), sh(&[&["b"], &["a"], &[]]));
+    assert_eq!(s(&v), sh(&[&[], &[], &["c"]]));
+    assert_eq!(s(&g), sh(&[&[], &[], &[]]));
+}
+
+#[test]
+fn reverse_keeps_the_layout_both_ways() {
+    let mesh = Mesh::new(&[("m", 2)]).unwrap();
+    let b = Builder::with_mesh(mesh);
+    let x = b.param("x", f32t(&[4, 6]));
+    let y = split(&x.reverse(&[0]), 0, "m").unwrap();
+    let z = y.reverse(&[1]);
+    b.output("z", &z);
+    let p = propagate(&b.finish()).unwrap();
+    assert_eq!(p.instr(x.id).sharding, Some(sh(&[&["m"], &[]])));
+    assert_eq!(p.instr(z.id).sharding, Some(sh(&[&["m"], &[]])));
+}

@@ -1,7 +1,12 @@
 //! The one `reshard()` (SPEC.md 6.2): move a value from any sharding to any other.
 //!
 //! Planning and emission are separate so the dot-general cost model prices exactly the
-//! collectives that would be emitted. The plan, for shardings `S -> T`:
+//! collectives that would be emitted. When `S` and `T` cut every dim into the same number of
+//! tiles (and neither holds partial sums), a reshard only moves whole tiles between devices:
+//! one collective-permute (each device receives the tile it holds under `T` from a device
+//! that holds it under `S`, itself where it can), or nothing at all where every device
+//! already holds its tile. That plan is taken when it costs no more than the general one,
+//! which, for shardings `S -> T`, is:
 //! 1. pending partial sums that `T` does not keep: a reduce-scatter where `T` splits a dim
 //!    next on that axis, else one all-reduce;
 //! 2. a changing dim that does not divide evenly is gathered whole and trimmed (its padding
@@ -52,14 +57,108 @@ pub enum Step {
     MakePartial {
         axes: Vec<String>,
     },
+    /// Whole tiles move: rank `src` sends its buffer to rank `dst` within the groups along
+    /// `axes`.
+    CollectivePermute {
+        axes: Vec<String>,
+        pairs: Vec<(usize, usize)>,
+    },
 }
 
 fn is_prefix(a: &[String], b: &[String]) -> bool {
     a.len() <= b.len() && a == &b[..a.len()]
 }
 
-/// The steps that take a value of `global` shape from `s` to `t`.
+/// The steps that take a value of `global` shape from `s` to `t`: the tile permutation
+/// where one exists and costs no more, else the general plan.
 pub fn plan(global: &[usize], s: &Sharding, t: &Sharding, mesh: &Mesh) -> Vec<Step> {
+    match tile_permutation(s, t, mesh) {
+        Some(p) if p.is_empty() => p,
+        Some(p) => {
+            let general = general_plan(global, s, t, mesh);
+            let shard = s.shard_shape(mesh, global);
+            let price = |steps: &[Step]| steps_cost(global, &shard, steps, mesh, 1.0);
+            if price(&p) <= price(&general) {
+                p
+            } else {
+                general
+            }
+        }
+        None => general_plan(global, s, t, mesh),
+    }
+}
+
+/// The one collective-permute that moves whole tiles from `s` to `t` (empty if every device
+/// already holds its tile), or `None` if the layouts cut some dim into different numbers of
+/// tiles or hold partial sums.
+///
+/// The permute runs over every mesh axis that either layout splits on; a tile depends only
+/// on a device's coordinates on those axes, so one set of pairs serves every group. Both
+/// layouts place each tile on equally many members of a group, so a receiver can always be
+/// matched with a distinct sender; receivers that already hold their tile keep it.
+fn tile_permutation(s: &Sharding, t: &Sharding, mesh: &Mesh) -> Option<Vec<Step>> {
+    let rank = s.rank();
+    if !s.partial.is_empty()
+        || !t.partial.is_empty()
+        || t.rank() != rank
+        || (0..rank).any(|d| s.tiles(mesh, d) != t.tiles(mesh, d))
+    {
+        return None;
+    }
+    if s.dims == t.dims {
+        return Some(Vec::new());
+    }
+    let (su, tu) = (s.split_axes(), t.split_axes());
+    let axes: Vec<String> = mesh
+        .axes
+        .iter()
+        .map(|a| a.name.clone())
+        .filter(|a| su.contains(a) || tu.contains(a))
+        .collect();
+    // The members of the first group (coordinate 0 on every other axis), in rank order.
+    let n = mesh.size_of(&axes);
+    let position = |rank: usize| {
+        let (mut rest, mut pos) = (rank, 0);
+        for a in axes.iter().rev() {
+            let size = mesh.axis_size(a).unwrap_or(1);
+            pos += rest % size * mesh.axis_stride(a).unwrap_or(0);
+            rest /= size;
+        }
+        pos
+    };
+    let tile = |sh: &Sharding, pos: usize| -> Vec<usize> {
+        (0..rank).map(|d| sh.tile_index(mesh, pos, d)).collect()
+    };
+    let have: Vec<Vec<usize>> = (0..n).map(|r| tile(s, position(r))).collect();
+    let want: Vec<Vec<usize>> = (0..n).map(|r| tile(t, position(r))).collect();
+    let mut sends = vec![false; n];
+    let mut from: Vec<Option<usize>> = vec![None; n];
+    for q in 0..n {
+        if have[q] == want[q] {
+            sends[q] = true;
+            from[q] = Some(q);
+        }
+    }
+    if from.iter().all(Option::is_some) {
+        return Some(Vec::new());
+    }
+    for q in 0..n {
+        if from[q].is_none() {
+            let p = (0..n).find(|&p| !sends[p] && have[p] == want[q])?;
+            sends[p] = true;
+            from[q] = Some(p);
+        }
+    }
+    let pairs = from
+        .into_iter()
+        .enumerate()
+        .map(|(q, p)| p.map(|p| (p, q)))
+        .collect::<Option<Vec<_>>>()?;
+    Some(vec![Step::CollectivePermute { axes, pairs }])
+}
+
+/// The general plan (see the module doc, steps 1-5).
+fn general_plan(global: &[usize], s: &Sharding, t: &Sharding, mesh: &Mesh) -> Vec<Step> {
     let rank = global.len();
     let mut steps = Vec::new();
     let mut cur = s.clone();
@@ -190,10 +289,23 @@ pub fn plan(global: &[usize], s: &Sharding, t: &Sharding, mesh: &Mesh) -> Vec<St
 
 /// Bytes one device receives to carry out the plan (ring all-reduce counted twice).
 pub fn cost(global: &Type, s: &Sharding, t: &Sharding, mesh: &Mesh) -> f64 {
-    let mut local = s.shard_shape(mesh, &global.shape);
-    let esz = global.dtype.size_bytes() as f64;
+    let local = s.shard_shape(mesh, &global.shape);
+    let steps = plan(&global.shape, s, t, mesh);
+    steps_cost(
+        &global.shape,
+        &local,
+        &steps,
+        mesh,
+        global.dtype.size_bytes() as f64,
+    )
+}
+
+/// Bytes one device receives for `steps`, starting from a local buffer of shape `local`
+/// with elements of `esz` bytes.
+fn steps_cost(global: &[usize], local: &[usize], steps: &[Step], mesh: &Mesh, esz: f64) -> f64 {
+    let mut local = local.to_vec();
     let mut total = 0.0;
-    for step in plan(&global.shape, s, t, mesh) {
+    for step in steps {
         let bytes = local.iter().product::<usize>() as f64 * esz;
         let k = |axes: &[String]| mesh.size_of(axes) as f64;
         match &step {
@@ -205,7 +317,7 @@ pub fn cost(global: &Type, s: &Sharding, t: &Sharding, mesh: &Mesh) -> f64 {
             }
             Step::GatherWholeAndTrim { dim, axes } => {
                 total += bytes * (k(axes) - 1.0);
-                local[*dim] = global.shape[*dim];
+                local[*dim] = global[*dim];
             }
             Step::AllGather { dim, axis } => {
                 let kk = k(std::slice::from_ref(axis));
@@ -226,9 +338,10 @@ pub fn cost(global: &Type, s: &Sharding, t: &Sharding, mesh: &Mesh) -> f64 {
                 local[*dim] /= k(std::slice::from_ref(axis)) as usize
             }
             Step::PadAndSlice { dim, axes } => {
-                local[*dim] = global.shape[*dim].div_ceil(k(axes) as usize)
+                local[*dim] = global[*dim].div_ceil(k(axes) as usize)
             }
             Step::MakePartial { .. } => {}
+            Step::CollectivePermute { .. } => total += bytes,
         }
     }
     total
@@ -353,6 +466,9 @@ pub fn reshard(
                     Some(ty.clone()),
                 )?;
                 ctx.emit(Op::Select, &[&pred, &x, &zeros], None)?
+            }
+            Step::CollectivePermute { axes, pairs } => {
+                ctx.emit(Op::CollectivePermute { axes, pairs }, &[&x], None)?
             }
         };
     }

@@ -120,6 +120,8 @@ enum Kind {
     Concatenate,
     Reduce,
     DotGeneral,
+    Conv,
+    Reverse,
     Cumsum,
     Argmax,
     Gather,
@@ -127,7 +129,7 @@ enum Kind {
     Rng,
 }
 
-const ALL_KINDS: [Kind; 26] = [
+const ALL_KINDS: [Kind; 28] = [
     Kind::Parameter,
     Kind::ConstSplat,
     Kind::ConstDense,
@@ -149,6 +151,8 @@ const ALL_KINDS: [Kind; 26] = [
     Kind::Concatenate,
     Kind::Reduce,
     Kind::DotGeneral,
+    Kind::Conv,
+    Kind::Reverse,
     Kind::Cumsum,
     Kind::Argmax,
     Kind::Gather,
@@ -157,7 +161,7 @@ const ALL_KINDS: [Kind; 26] = [
 ];
 
 /// Kinds whose result stays a float when the operand is one (the differentiable chains).
-const FLOAT_KINDS: [Kind; 22] = [
+const FLOAT_KINDS: [Kind; 24] = [
     Kind::ConstSplat,
     Kind::ConstDense,
     Kind::Iota,
@@ -176,6 +180,8 @@ const FLOAT_KINDS: [Kind; 22] = [
     Kind::Concatenate,
     Kind::Reduce,
     Kind::DotGeneral,
+    Kind::Conv,
+    Kind::Reverse,
     Kind::Cumsum,
     Kind::Gather,
     Kind::ScatterAdd,
@@ -690,6 +696,13 @@ impl Gen {
                 self.emit(Op::Reduce { op, dims }, &[&x], None)
             }
             Kind::DotGeneral => self.dot(x),
+            Kind::Conv => self.conv(x),
+            Kind::Reverse => {
+                let x = self.operand(x, 0);
+                let order = self.c.perm(x.rank());
+                let dims: Vec<usize> = order.into_iter().filter(|_| !self.c.flip()).collect();
+                self.emit(Op::Reverse { dims }, &[&x], None)
+            }
             Kind::Cumsum => {
                 let x = self.operand(x, 1);
                 let x = self.numeric(&x);
@@ -761,6 +774,61 @@ impl Gen {
                 self.with_chain(r, x)
             }
         }
+    }
+
+    /// A convolution. When chaining, `x` (made rank >= 3 by adding unit dims) is the lhs
+    /// `[N, S.., Cin]`; else a new lhs with 1-2 spatial dims, often long enough that a split
+    /// spatial dim exchanges halos. Kernels are 1-4 wide, paddings 0-3 per side.
+    fn conv(&mut self, x: Option<&Value>) -> Value {
+        let lhs = match x {
+            Some(x) => {
+                let x = self.numeric(x);
+                let mut shape = x.shape();
+                while shape.len() < 3 {
+                    if shape.len() == 1 {
+                        shape.insert(0, 1);
+                    } else {
+                        shape.push(1);
+                    }
+                }
+                self.emit(Op::Reshape, &[&x], Some(x.ty().with_shape(shape)))
+            }
+            None => {
+                let d = self.numeric_dtype();
+                let k = 1 + self.c.below(2);
+                let mut shape = vec![1 + self.c.below(2)];
+                for _ in 0..k {
+                    shape.push(self.c.pick(&[16, 8, 13, 5, 1, 0, 9]));
+                }
+                shape.push(1 + self.c.below(3));
+                self.param(Type::new(d, capped(shape)))
+            }
+        };
+        let xs = lhs.shape();
+        let k = xs.len() - 2;
+        let mut ks: Vec<usize> = (0..k).map(|_| 1 + self.c.below(4)).collect();
+        let (mut lo, mut hi) = (Vec::new(), Vec::new());
+        for i in 0..k {
+            let l = self.c.below(4);
+            lo.push(l);
+            hi.push(
+                self.c
+                    .below(4)
+                    .max((ks[i] + 1).saturating_sub(l + xs[1 + i] + 1)),
+            );
+        }
+        ks.push(xs[k + 1]);
+        ks.push(1 + self.c.below(3));
+        let w = self.param(lhs.ty().with_shape(capped_kernel(ks)));
+        let y = self.emit(
+            Op::Conv {
+                pad_lo: lo,
+                pad_hi: hi,
+            },
+            &[&lhs, &w],
+            None,
+        );
+        self.small(&y)
     }
 
     /// A dot-general with random batch / contracting / free dims. When chaining, `x` is the
@@ -844,6 +912,16 @@ fn capped(mut shape: Vec<usize>) -> Vec<usize> {
     while shape.iter().product::<usize>() > MAX_PARAM_ELEMS {
         let d = (0..shape.len()).max_by_key(|&d| shape[d]).unwrap();
         shape[d] = shape[d].div_ceil(2);
+    }
+    shape
+}
+
+/// A kernel shape `[K.., Cin, Cout]` with its output features halved until it has at most
+/// `MAX_PARAM_ELEMS` elements (the window and input features must stay).
+fn capped_kernel(mut shape: Vec<usize>) -> Vec<usize> {
+    let last = shape.len() - 1;
+    while shape.iter().product::<usize>() > MAX_PARAM_ELEMS && shape[last] > 1 {
+        shape[last] = shape[last].div_ceil(2);
     }
     shape
 }
@@ -1005,6 +1083,8 @@ single_op_tests! {
     single_concatenate => Concatenate,
     single_reduce => Reduce,
     single_dot_general => DotGeneral,
+    single_conv => Conv,
+    single_reverse => Reverse,
     single_cumsum => Cumsum,
     single_argmax => Argmax,
     single_gather => Gather,

@@ -167,3 +167,56 @@ fn moe_dispatch_einsum_g_split_to_e_split_is_one_all_to_all() {
     // Per device: the local [E, G/D, C, M] expert buffer, (D-1)/D of it sent.
     assert_eq!(c0.bytes, e * (g / 4) * c * m * 4 * 3 / 4);
 }
+
+#[test]
+fn convolution_split_on_spatial_x_is_two_collective_permutes() {
+    // [N, X, Cin] split on X, a 3-wide kernel with SAME padding: every device needs one
+    // element from each neighbour (O(1) halo), not the whole X.
+    let b = mesh();
+    let x = split(&b.param("x", f32t(&[2, 16, 3])), 1, "d").unwrap();
+    let w = replicate(&b.param("w", f32t(&[3, 3, 5]))).unwrap();
+    let y = split(&x.conv(&w, &[1], &[1]), 1, "d").unwrap();
+    b.output("y", &y);
+    let part = check(
+        b,
+        expect![[r#"
+        mesh [d=4]
+        %0 = f32[2,4,3] parameter("x")
+        %1 = f32[3,3,5] parameter("w")
+        %2 = f32[2,1,3] slice(%0) start=[0, 3, 0] limit=[2, 4, 3]
+        %3 = f32[2,1,3] collective_permute(%2) axes=[d] pairs=[(0,1), (1,2), (2,3)]
+        %4 = f32[2,1,3] slice(%0) start=[0, 0, 0] limit=[2, 1, 3]
+        %5 = f32[2,1,3] collective_permute(%4) axes=[d] pairs=[(1,0), (2,1), (3,2)]
+        %6 = f32[2,6,3] concatenate(%3, %0, %5) dim=1
+        %7 = f32[2,4,5] conv(%6, %1) pad_lo=[0] pad_hi=[0]
+        output "y" = %7
+    "#]],
+    );
+    assert_eq!(kinds(&part), ["collective_permute", "collective_permute"]);
+    let cps = spmd::report::collectives(&part.program);
+    // Per device: one [2, 1, 3] f32 halo each way.
+    assert!(cps.iter().all(|c| c.bytes == 2 * 3 * 4), "{cps:?}");
+}
+
+#[test]
+fn reshard_that_moves_whole_tiles_is_one_collective_permute() {
+    // Dim 0 split over `a`, then over `b` (|a| = |b|): every device already holds a whole
+    // tile of the target, just not its own; one permute, not all-gather + slice.
+    let b = Builder::with_mesh(Mesh::new(&[("a", 2), ("b", 2)]).unwrap());
+    let x = sharding::mesh_split(&b.param("x", f32t(&[8, 3])), &[&["a"], &[]]).unwrap();
+    let y = sharding::mesh_split(&x.mul(2.0), &[&["b"], &[]]).unwrap();
+    b.output("y", &y.exp());
+    let part = check(
+        b,
+        expect![[r#"
+        mesh [a=2, b=2]
+        %0 = f32[4,3] parameter("x")
+        %1 = f32[4,3] constant(2.0)
+        %2 = f32[4,3] collective_permute(%0) axes=[a, b] pairs=[(0,0), (2,1), (1,2), (3,3)]
+        %3 = f32[4,3] mul(%2, %1)
+        %4 = f32[4,3] exp(%3)
+        output "y" = %4
+    "#]],
+    );
+    assert_eq!(kinds(&part), ["collective_permute"]);
+}

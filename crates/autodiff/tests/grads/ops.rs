@@ -320,6 +320,26 @@ proptest! {
         c.check(&x.dot_general(&y, dims));
     }
 
+    /// 1-2 spatial dims, kernels up to 3 wide, paddings 0-3 per side (beyond `K - 1` too, so
+    /// output rows that only see padding exist).
+    #[test]
+    fn conv((x, w, lo, hi) in conv_case()) {
+        let mut c = Case::new();
+        let xv = c.diff("x", &x);
+        let wv = c.diff("w", &w);
+        c.check(&xv.conv(&wv, &lo, &hi));
+    }
+
+    #[test]
+    fn reverse((t, dims) in shape(3, 4).prop_flat_map(|s| {
+        let r = s.len();
+        (f64_tensor(s, -2.0, 2.0), Just((0..r).collect::<Vec<_>>()).prop_shuffle(), 0..=r)
+    }).prop_map(|(t, mut dims, n)| { dims.truncate(n); (t, dims) })) {
+        let mut c = Case::new();
+        let x = c.diff("x", &t);
+        c.check(&x.reverse(&dims));
+    }
+
     #[test]
     fn cumsum(((t, dim), exclusive, reverse) in (shape_and_dim().prop_flat_map(|(s, d)| (f64_tensor(s, -2.0, 2.0), Just(d))), any::<bool>(), any::<bool>())) {
         let mut c = Case::new();
@@ -478,4 +498,37 @@ fn dot_general_batch_multi_contract_permuted() {
     let z = x.dot_general(&y, dims);
     assert_eq!(z.shape(), [2, 1, 3, 2]);
     c.check(&z);
+}
+
+/// `(x, w, pad_lo, pad_hi)` of a valid convolution: x `[N, S.., Cin]`, w `[K.., Cin, Cout]`.
+fn conv_case() -> impl Strategy<Value = (HostTensor, HostTensor, Vec<usize>, Vec<usize>)> {
+    (1usize..=2)
+        .prop_flat_map(|k| {
+            (
+                1usize..=2,
+                proptest::collection::vec((1usize..=5, 1usize..=3, 0usize..=3, 0usize..=3), k),
+                1usize..=3,
+                1usize..=3,
+            )
+        })
+        .prop_flat_map(|(n, sp, cin, cout)| {
+            let mut xs = vec![n];
+            let mut ws = Vec::new();
+            let (mut lo, mut hi) = (Vec::new(), Vec::new());
+            for &(s, k, l, h) in &sp {
+                xs.push(s);
+                ws.push(k);
+                lo.push(l);
+                // At least one output row: l + s + h + 1 >= k.
+                hi.push(h.max((k + 1).saturating_sub(l + s + 1)));
+            }
+            xs.push(cin);
+            ws.extend([cin, cout]);
+            (
+                f64_tensor(xs, -2.0, 2.0),
+                f64_tensor(ws, -2.0, 2.0),
+                Just(lo),
+                Just(hi),
+            )
+        })
 }

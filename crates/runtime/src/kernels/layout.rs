@@ -371,3 +371,38 @@ impl FromF64 for bool {
         x != 0.0
     }
 }
+
+/// Flip `x` (of `shape`) along `dims`: each innermost row is copied whole, or reversed when
+/// the innermost dim is flipped, from its mirrored source row.
+pub fn reverse(x: &Data, shape: &[usize], dims: &[usize], out: &mut Data) {
+    with_data2!(x, out, a, b => reverse_rows(a, shape, dims, b));
+}
+
+fn reverse_rows<T: Copy>(x: &[T], shape: &[usize], dims: &[usize], out: &mut [T]) {
+    let Some((&inner, outer)) = shape.split_last() else {
+        out.copy_from_slice(x);
+        return;
+    };
+    let st = strides(shape);
+    let flip_inner = dims.contains(&outer.len());
+    let mut row = 0;
+    super::odometer(outer, |i| {
+        let src: usize = (0..outer.len())
+            .map(|d| {
+                let id = if dims.contains(&d) {
+                    outer[d] - 1 - i[d]
+                } else {
+                    i[d]
+                };
+                id * st[d]
+            })
+            .sum();
+        let (s, o) = (&x[src..src + inner], &mut out[row..row + inner]);
+        if flip_inner {
+            o.iter_mut().zip(s.iter().rev()).for_each(|(o, &v)| *o = v);
+        } else {
+            o.copy_from_slice(s);
+        }
+        row += inner;
+    });
+}

@@ -8,17 +8,19 @@
 //! - [`dot`]: dot-general normalised to batched `[B,M,K] x [B,K,N]` GEMMs on the `gemm` crate
 //!   (strides where the dims merge, a cache-friendly permuted copy where they do not), the
 //!   batch split over the rayon pool, and a sparse path for one-hot-ish operands.
-//! - [`layout`]: strided copies (transpose, broadcast, slice family, pad, concatenate), iota,
-//!   constants, the RNG.
+//! - [`layout`]: strided copies (transpose, broadcast, slice family, pad, concatenate,
+//!   reverse), iota, constants, the RNG.
+//! - [`conv`]: convolution as im2col plus one GEMM through [`dot`].
 //! - [`reduce`]: reduce, cumsum, argmax. [`index`]: gather, scatter-add.
 //!
 //! Numerics (the contract checked by `tests/exec_kernels.rs` against the reference):
 //! data movement, integer ops, comparisons and `+ - * / sqrt` are bit-exact; transcendental
 //! f32 functions are computed in f64 and rounded once, exactly like the reference; f32/bf16
 //! sums (reduce, cumsum, scatter-add, all-reduce) accumulate in f64 and round once; dot
-//! products accumulate in f32 (bf16 operands widened to f32), within 1e-5 of the reference
-//! relative to `sum |x_i y_i|`.
+//! products and convolutions accumulate in f32 (bf16 operands widened to f32), within 1e-5
+//! of the reference relative to `sum |x_i y_i|`.
 
+pub mod conv;
 pub mod dot;
 pub mod elementwise;
 pub mod index;

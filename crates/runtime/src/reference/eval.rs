@@ -10,8 +10,8 @@
 //! - `cumsum`: inclusive `out[i] = sum x[0..=i]`; exclusive `sum x[0..i]`; reverse inclusive
 //!   `sum x[i..n]`; reverse exclusive `sum x[i+1..n]`. Each output is accumulated in f64 and
 //!   rounded once (i32 wraps).
-//! - `reduce`, `dot_general`, `scatter_add` and the reducing collectives accumulate floats in
-//!   f64 and round once; summation order is row-major / rank order.
+//! - `reduce`, `dot_general`, `conv`, `scatter_add` and the reducing collectives accumulate
+//!   floats in f64 and round once; summation order is row-major / rank order.
 
 use super::collective;
 use super::scalar;
@@ -59,6 +59,8 @@ pub fn eval(
         Op::Concatenate { dim } => each(&|_, a| concat(a, *dim)),
         Op::Reduce { op, dims } => each(&|_, a| reduce(a[0], *op, dims, ty)),
         Op::DotGeneral(dd) => each(&|_, a| dot_general(a[0], a[1], dd, ty)),
+        Op::Conv { pad_lo, .. } => each(&|_, a| conv(a[0], a[1], pad_lo, ty)),
+        Op::Reverse { dims } => each(&|_, a| reverse(a[0], dims)),
         Op::Cumsum {
             dim,
             exclusive,
@@ -222,6 +224,44 @@ fn dot_general(l: &Val, r: &Val, dd: &DotDims, ty: &Type) -> Val {
             .zip(&rc)
             .map(|(&a, &c)| (l.v[lb + a], r.v[rb + c]));
         scalar::dot(l.dtype(), pairs)
+    })
+}
+
+/// `out[n, o, co] = sum_{j, ci} x[n, o + j - pad_lo, ci] * w[j, ci, co]`, the window
+/// `(j, ci)` in row-major order; outside `x` the lhs reads 0 (and `0 * w` is still added, so
+/// a non-finite weight poisons every output, as with explicit zero padding).
+fn conv(x: &Val, w: &Val, pad_lo: &[usize], ty: &Type) -> Val {
+    let k = pad_lo.len();
+    let window = &w.shape()[..=k];
+    let (mut xi, mut wi) = (vec![0; k + 2], vec![0; k + 2]);
+    Val::from_fn(ty, |o| {
+        let mut terms = Vec::with_capacity(window.iter().product());
+        super::val::for_each_index(window, |j| {
+            xi[0] = o[0];
+            xi[k + 1] = j[k];
+            let mut inside = true;
+            for i in 0..k {
+                let p = (o[1 + i] + j[i]).wrapping_sub(pad_lo[i]);
+                inside &= o[1 + i] + j[i] >= pad_lo[i] && p < x.shape()[1 + i];
+                xi[1 + i] = p;
+            }
+            wi[..=k].copy_from_slice(j);
+            wi[k + 1] = o[k + 1];
+            terms.push((if inside { x.at(&xi) } else { 0.0 }, w.at(&wi)));
+        });
+        scalar::dot(x.dtype(), terms.into_iter())
+    })
+}
+
+/// `out[i] = x[i with i_d -> n_d - 1 - i_d for d in dims]`.
+fn reverse(x: &Val, dims: &[usize]) -> Val {
+    let mut src = vec![0; x.ty.rank()];
+    Val::from_fn(&x.ty, |o| {
+        src.copy_from_slice(o);
+        for &d in dims {
+            src[d] = x.shape()[d] - 1 - o[d];
+        }
+        x.at(&src)
     })
 }
 

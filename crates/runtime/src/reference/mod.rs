@@ -290,6 +290,8 @@ pub(crate) fn collective_on_hosts(
         | Op::Concatenate { .. }
         | Op::Reduce { .. }
         | Op::DotGeneral(_)
+        | Op::Conv { .. }
+        | Op::Reverse { .. }
         | Op::Cumsum { .. }
         | Op::Argmax { .. }
         | Op::Gather { .. }

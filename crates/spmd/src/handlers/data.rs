@@ -1,6 +1,6 @@
-//! Elementwise ops and data movement: broadcast, reshape, transpose, the slicing family,
-//! concatenate, and ops along one dim (cumsum, argmax). Dims whose extent an op changes are
-//! made unsplit first; every other dim keeps the assigned layout.
+//! Elementwise ops and data movement: broadcast, reshape, transpose, reverse, the slicing
+//! family, concatenate, and ops along one dim (cumsum, argmax). Dims whose extent an op
+//! changes are made unsplit first; every other dim keeps the assigned layout.
 
 use super::{cleared, emit_as, to};
 use crate::ctx::Ctx;
@@ -64,6 +64,63 @@ pub fn transpose(
         ty,
         t,
     )
+}
+
+/// Reverse: an evenly split reversed dim keeps its layout; every device flips its tile and
+/// one collective-permute sends it to the mirrored device (tile `i` to tile `k - 1 - i` on
+/// every reversed dim at once). An unevenly split reversed dim is gathered first, since its
+/// padding would end up in front.
+pub fn reverse(
+    ctx: &mut Ctx,
+    dims: &[usize],
+    x: &PartitionedValue,
+    ty: &Type,
+    t: &Sharding,
+) -> Result<PartitionedValue, SpmdError> {
+    let mesh = ctx.mesh.clone();
+    let mut s = cleared(t, []);
+    for &d in dims {
+        let k = s.tiles(&mesh, d);
+        if k > 1 && !ty.shape[d].is_multiple_of(k) {
+            s.dims[d].clear();
+        }
+    }
+    let xl = to(ctx, x, &s)?;
+    let mut pv = emit_as(
+        ctx,
+        Op::Reverse {
+            dims: dims.to_vec(),
+        },
+        &[&xl],
+        ty,
+        &s,
+    )?;
+    let moved: Vec<usize> = dims
+        .iter()
+        .copied()
+        .filter(|&d| s.tiles(&mesh, d) > 1)
+        .collect();
+    if moved.is_empty() {
+        return Ok(pv);
+    }
+    // Ranks over the concatenated axes are mixed-radix numbers, one digit per moved dim.
+    let sizes: Vec<usize> = moved.iter().map(|&d| s.tiles(&mesh, d)).collect();
+    let axes: Vec<String> = moved.iter().flat_map(|&d| s.dims[d].clone()).collect();
+    let pairs = (0..sizes.iter().product())
+        .map(|r: usize| {
+            let mut rest = r;
+            let mut mirrored = 0;
+            let mut scale = 1;
+            for &n in sizes.iter().rev() {
+                mirrored += (n - 1 - rest % n) * scale;
+                rest /= n;
+                scale *= n;
+            }
+            (r, mirrored)
+        })
+        .collect();
+    pv.local = ctx.emit(Op::CollectivePermute { axes, pairs }, &[&pv.local], None)?;
+    Ok(pv)
 }
 
 pub fn reshape(

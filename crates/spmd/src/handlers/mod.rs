@@ -3,6 +3,7 @@
 //! (possibly with pending partial sums); the driver then reshards it to the instruction's
 //! assigned sharding. One exhaustive `match` over `Op` dispatches.
 
+mod conv;
 mod data;
 mod dot;
 mod gather;
@@ -54,6 +55,8 @@ pub fn partition_instr(
         Op::Argmax { dim } => data::along_dim(ctx, &ins.op, *dim, true, ops[0], &ins.ty, &t),
         Op::Reduce { op, dims } => reduce::reduce(ctx, *op, dims, ops[0], &ins.ty, &t),
         Op::DotGeneral(dd) => dot::dot_general(ctx, dd, ops[0], ops[1], &ins.ty, &t),
+        Op::Conv { pad_lo, pad_hi } => conv::conv(ctx, pad_lo, pad_hi, ops[0], ops[1], &ins.ty, &t),
+        Op::Reverse { dims } => data::reverse(ctx, dims, ops[0], &ins.ty, &t),
         Op::Gather { axis, batch_dims } => {
             gather::gather(ctx, *axis, *batch_dims, ops[0], ops[1], &ins.ty, &t)
         }
