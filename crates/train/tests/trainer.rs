@@ -109,6 +109,7 @@ fn killed_run_resumes_to_the_same_loss_curve() {
             out: full.clone(),
             resume: false,
             stop_after: None,
+            comm: None,
         },
         &mut |_| {},
     )
@@ -135,6 +136,7 @@ fn killed_run_resumes_to_the_same_loss_curve() {
             out: cut.clone(),
             resume: false,
             stop_after: Some(4),
+            comm: None,
         },
         &mut |_| {},
     )
@@ -147,6 +149,7 @@ fn killed_run_resumes_to_the_same_loss_curve() {
             out: cut.clone(),
             resume: true,
             stop_after: None,
+            comm: None,
         },
         &mut |e| {
             if let Event::Started { first_step, .. } = e {
@@ -180,6 +183,7 @@ fn loss_falls_on_a_learnable_task() {
             out: dir.clone(),
             resume: false,
             stop_after: None,
+            comm: None,
         },
         &mut |_| {},
     )
