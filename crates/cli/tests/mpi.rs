@@ -446,6 +446,7 @@ fn a_killed_rank_ends_the_job_within_30_s() {
         "mpirun after a rank was killed",
     );
     let took = killed.elapsed();
+    eprintln!("the job ended {took:?} after rank pid {victim} was killed");
     assert!(!out.status.success(), "the job must fail when a rank dies");
     assert!(
         took < Duration::from_secs(30),
