@@ -7,6 +7,8 @@
 //! ranks launched with different programs, or a mesh that does not match the rank count,
 //! are refused at start with a message that names the problem.
 //!
+//! `gshard train --profile` (both backends) writes one Chrome trace with a track per device.
+//!
 //! Without the `mpi` feature these tests print a notice and pass, unless
 //! `GSHARD_REQUIRE_MPI=1` (set by `.ci/run`) makes that a failure.
 
@@ -348,9 +350,12 @@ fn mpi_training_equals_in_process_bitwise() {
     let (a, b) = (dir.join("inprocess"), dir.join("mpi"));
     let cfg_s = cfg.to_str().unwrap();
     gshard(&["train", "--config", cfg_s, "--out", a.to_str().unwrap()]);
+    let trace = dir.join("mpi-trace.json");
     let mut c = mpirun(4);
     c.args(["train", "--config", cfg_s, "--backend", "mpi", "--out"])
-        .arg(&b);
+        .arg(&b)
+        .arg("--profile")
+        .arg(&trace);
     let out = ok(
         &run(c, Duration::from_secs(600), "mpirun train"),
         "mpirun train",
@@ -363,6 +368,8 @@ fn mpi_training_equals_in_process_bitwise() {
         &a.join("checkpoint.safetensors"),
         &b.join("checkpoint.safetensors"),
     );
+    // Rank 0 wrote one trace holding every rank's device track.
+    assert_eq!(trace_devices(&trace), vec![0, 1, 2, 3]);
     for f in ["dev.hyp", "tokenizer.json", "config.toml"] {
         assert_eq!(
             std::fs::read(a.join(f)).unwrap(),
@@ -370,6 +377,49 @@ fn mpi_training_equals_in_process_bitwise() {
             "{f} differs"
         );
     }
+}
+
+/// The device tracks (tids) of a Chrome trace's complete events; checks each has a duration.
+fn trace_devices(path: &Path) -> Vec<u64> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let mut tids: Vec<u64> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .inspect(|e| assert!(e["dur"].as_f64().is_some(), "{e}"))
+        .map(|e| e["tid"].as_u64().unwrap())
+        .collect();
+    tids.sort_unstable();
+    tids.dedup();
+    tids
+}
+
+#[test]
+fn train_profile_writes_one_track_per_device() {
+    let dir = tmp("profile");
+    let data = dir.join("data");
+    write_corpus(&data);
+    let cfg = tiny_config(&dir, &data, 4);
+    let trace = dir.join("trace.json");
+    let out = gshard(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--out",
+        dir.join("run").to_str().unwrap(),
+        "--profile",
+        trace.to_str().unwrap(),
+        "--profile-steps",
+        "2",
+    ]);
+    assert!(out.contains("wrote a Chrome trace of 2 steps"), "{out}");
+    assert_eq!(trace_devices(&trace), vec![0, 1, 2, 3]);
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        text.contains("all_to_all"),
+        "the MoE all-to-alls are traced"
+    );
 }
 
 /// Pids of the processes whose parent is `parent` (from /proc).

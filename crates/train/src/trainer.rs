@@ -503,6 +503,15 @@ impl Trainer {
         &mut self,
         batch: &HashMap<String, HostTensor>,
     ) -> Result<HashMap<String, HostTensor>, TrainError> {
+        self.train_step_profiled(batch, None)
+    }
+
+    /// [`Trainer::train_step`] recording per-op and per-collective timings into `profiler`.
+    pub fn train_step_profiled(
+        &mut self,
+        batch: &HashMap<String, HostTensor>,
+        profiler: Option<&runtime::Profiler>,
+    ) -> Result<HashMap<String, HostTensor>, TrainError> {
         let mut batch = batch.clone();
         let seed = (splitmix(self.cfg.seed.wrapping_mul(0x9E37) ^ self.step) & 0x7fff_ffff) as f64;
         batch.insert(
@@ -510,8 +519,13 @@ impl Trainer {
             HostTensor::from_f64_values(Type::scalar(DType::I32), &[seed]),
         );
         let inputs = self.inputs(&self.programs.step, &batch);
-        let r = runtime::run_devices(&self.programs.step.program, self.comm.as_ref(), &inputs)
-            .map_err(|e| TrainError::Run(e.to_string()))?;
+        let r = runtime::run_devices_profiled(
+            &self.programs.step.program,
+            self.comm.as_ref(),
+            &inputs,
+            profiler,
+        )
+        .map_err(|e| TrainError::Run(e.to_string()))?;
         self.peak_bytes_per_device = self.peak_bytes_per_device.max(r.peak_bytes_per_device);
         let mut scalars = HashMap::new();
         for (j, outs) in r.outputs.into_iter().enumerate() {
@@ -749,6 +763,9 @@ pub struct RunOptions {
     pub stop_after: Option<u64>,
     /// Where the devices run; `None`: all of them in this process.
     pub comm: Option<Arc<dyn Communicator>>,
+    /// Write a Chrome trace (Perfetto) of this many steps to this file, after one warm-up
+    /// step (written by process 0; every process's devices are in it).
+    pub profile: Option<(PathBuf, u64)>,
 }
 
 /// Process 0's bytes on every process (`make` runs on process 0 only).
@@ -892,6 +909,7 @@ pub fn run(
         total_steps: cfg.steps,
         first_step: first,
     });
+    let profiler = opts.profile.as_ref().map(|_| runtime::Profiler::new());
     let mut last_loss = f64::NAN;
     let mut tok_rate = 0.0;
     let mut loads: Vec<Vec<f64>> = vec![Vec::new(); tr.programs.moe_layers.len()];
@@ -906,8 +924,13 @@ pub fn run(
                 .iter()
                 .filter(|&&p| p == 0.0)
                 .count() as f64;
+        // Step `first + 1` warms the caches and pools; the next `count` are traced.
+        let profiling = opts
+            .profile
+            .as_ref()
+            .is_some_and(|&(_, count)| step > first && step <= first + count);
         let t0 = Instant::now();
-        let out = tr.train_step(&batch)?;
+        let out = tr.train_step_profiled(&batch, profiler.as_ref().filter(|_| profiling))?;
         let dt = t0.elapsed().as_secs_f64();
         let rate = tokens / dt.max(1e-9);
         tok_rate = if step == first {
@@ -971,6 +994,21 @@ pub fn run(
         }
         if opts.stop_after.is_some_and(|s| done >= s) {
             break;
+        }
+    }
+    if let (Some(prof), Some((path, _))) = (&profiler, &opts.profile) {
+        let traces = comm
+            .all_gather_bytes(prof.chrome_trace().into_bytes())
+            .map_err(|e| TrainError::Run(e.to_string()))?;
+        if root {
+            let texts: Vec<String> = traces
+                .iter()
+                .map(|t| String::from_utf8_lossy(t).into_owned())
+                .collect();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let merged = runtime::merge_chrome_traces(&refs)
+                .ok_or_else(|| TrainError::Run("a process's trace is malformed".into()))?;
+            std::fs::write(path, merged).map_err(io(path))?;
         }
     }
     on(Event::Status("evaluating: dev loss and BLEU"));

@@ -110,6 +110,7 @@ fn killed_run_resumes_to_the_same_loss_curve() {
             resume: false,
             stop_after: None,
             comm: None,
+            profile: None,
         },
         &mut |_| {},
     )
@@ -137,6 +138,7 @@ fn killed_run_resumes_to_the_same_loss_curve() {
             resume: false,
             stop_after: Some(4),
             comm: None,
+            profile: None,
         },
         &mut |_| {},
     )
@@ -150,6 +152,7 @@ fn killed_run_resumes_to_the_same_loss_curve() {
             resume: true,
             stop_after: None,
             comm: None,
+            profile: None,
         },
         &mut |e| {
             if let Event::Started { first_step, .. } = e {
@@ -184,6 +187,7 @@ fn loss_falls_on_a_learnable_task() {
             resume: false,
             stop_after: None,
             comm: None,
+            profile: None,
         },
         &mut |_| {},
     )

@@ -180,15 +180,12 @@ fn run(a: Args, mpi: Mpi) -> Result<()> {
 
 /// One Chrome trace from every rank's (each holds its own device's track).
 fn merge_traces(traces: &[Vec<u8>]) -> Result<String> {
-    let mut events = Vec::new();
-    for (rank, t) in traces.iter().enumerate() {
-        let v: serde_json::Value = serde_json::from_slice(t)
-            .with_context(|| format!("the trace of rank {rank} is not JSON"))?;
-        if let Some(evs) = v.get("traceEvents").and_then(|e| e.as_array()) {
-            events.extend(evs.iter().cloned());
-        }
-    }
-    Ok(serde_json::json!({"displayTimeUnit": "ms", "traceEvents": events}).to_string())
+    let texts: Vec<String> = traces
+        .iter()
+        .map(|t| String::from_utf8_lossy(t).into_owned())
+        .collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    runtime::merge_chrome_traces(&refs).context("a rank's trace is malformed")
 }
 
 /// One line per output: name, type, and the values (all of them when few, else statistics).

@@ -43,6 +43,13 @@ pub struct Args {
     /// Seed.
     #[arg(long)]
     seed: Option<u64>,
+    /// Write a Chrome trace (Perfetto: one track per device, every op and collective) of a
+    /// few steps after the first to this file.
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
+    /// How many steps `--profile` traces.
+    #[arg(long, default_value_t = 3, requires = "profile")]
+    profile_steps: u64,
     #[command(flatten)]
     backend: BackendArgs,
 }
@@ -170,6 +177,7 @@ fn train_main(a: Args, mpi: Mpi) -> Result<()> {
         resume: a.resume,
         stop_after: None,
         comm: backend::as_comm(&mpi),
+        profile: a.profile.clone().map(|p| (p, a.profile_steps.max(1))),
     };
     let bar = if root {
         ProgressBar::new(cfg.steps)
@@ -224,6 +232,13 @@ fn train_main(a: Args, mpi: Mpi) -> Result<()> {
     bar.finish_and_clear();
     if root {
         print_report(&cfg, &report, &a.out);
+        if let Some(p) = &a.profile {
+            println!(
+                "  wrote a Chrome trace of {} steps to {}",
+                a.profile_steps.max(1),
+                p.display()
+            );
+        }
     }
     Ok(())
 }
