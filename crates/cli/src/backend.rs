@@ -46,6 +46,16 @@ pub fn with_backend(args: &BackendArgs, f: impl FnOnce(Mpi) -> Result<()>) -> Re
                 peer_timeout: Duration::from_secs(args.peer_timeout.max(1)),
             })?);
             let (rank, size) = (comm.rank(), comm.size());
+            // Ranks on one machine share its cores: give each rank's kernels its share
+            // (DEPENDENCIES.md section 2), unless RAYON_NUM_THREADS says otherwise.
+            if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let threads = (cores / comm.local_ranks()).max(1);
+                // Fails only if the pool already started; then it keeps its size.
+                let _ = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build_global();
+            }
             match f(Some(comm.clone())) {
                 Ok(()) => {
                     drop(comm);

@@ -85,6 +85,7 @@ pub struct MpiComm {
     thread: Option<JoinHandle<()>>,
     rank: usize,
     size: usize,
+    local_ranks: usize,
 }
 
 /// Initialise MPI (MPI_THREAD_MULTIPLE) and start the watchdog.
@@ -96,6 +97,8 @@ pub fn init(opts: Options) -> Result<MpiComm, MpiError> {
     }
     let world = universe.world();
     let (rank, size) = (world.rank() as usize, world.size() as usize);
+    // Ranks sharing this machine (they share its cores).
+    let local_ranks = world.split_shared(rank as i32).size().max(1) as usize;
     let watch = Arc::new(Watch {
         inflight: Mutex::new(None),
         stop: AtomicBool::new(false),
@@ -117,6 +120,7 @@ pub fn init(opts: Options) -> Result<MpiComm, MpiError> {
         thread,
         rank,
         size,
+        local_ranks,
     })
 }
 
@@ -232,6 +236,79 @@ fn exchange(
     Ok(recv)
 }
 
+/// [`exchange`] whose received bytes are, back to back, `n` elements of `dtype`: received
+/// straight into the typed buffer (no copy) unless the dtype is bool.
+fn exchange_typed(
+    c: &SimpleCommunicator,
+    send: &[u8],
+    scounts: &[usize],
+    rcounts: &[usize],
+    dtype: ir::DType,
+    n: usize,
+) -> Result<Data, String> {
+    let mut out = runtime::kernels::zeros(dtype, n.max(1));
+    let Some(bytes) = out.as_bytes_mut() else {
+        let got = exchange(c, send, scounts, rcounts)?;
+        return Ok(Data::from_bytes(dtype, &got).expect("whole elements"));
+    };
+    let sc: Vec<i32> = scounts
+        .iter()
+        .map(|&n| count(n, "send piece"))
+        .collect::<Result<_, _>>()?;
+    let rc: Vec<i32> = rcounts
+        .iter()
+        .map(|&n| count(n, "receive piece"))
+        .collect::<Result<_, _>>()?;
+    count(send.len(), "send buffer")?;
+    count(bytes.len(), "receive buffer")?;
+    let (sd, rd) = (prefix(&sc), prefix(&rc));
+    {
+        let sp = Partition::new(real_slice(send), &sc[..], &sd[..]);
+        let mut rp = PartitionMut::new(bytes, &rc[..], &rd[..]);
+        c.all_to_all_varcount_into(&sp, &mut rp);
+    }
+    truncate(&mut out, n);
+    Ok(out)
+}
+
+/// Drop the padding element a zero-length typed buffer was given.
+fn truncate(d: &mut Data, n: usize) {
+    match d {
+        Data::F32(v) => v.truncate(n),
+        Data::F64(v) => v.truncate(n),
+        Data::BF16(v) => v.truncate(n),
+        Data::I32(v) => v.truncate(n),
+        Data::Bool(v) => v.truncate(n),
+    }
+}
+
+/// [`gather_all`] into a typed buffer of `n` elements of `dtype` (no copy unless bool).
+fn gather_typed(
+    c: &SimpleCommunicator,
+    mine: &[u8],
+    counts: &[usize],
+    dtype: ir::DType,
+    n: usize,
+) -> Result<Data, String> {
+    let mut out = runtime::kernels::zeros(dtype, n.max(1));
+    let Some(bytes) = out.as_bytes_mut() else {
+        let got = gather_all(c, mine, counts)?;
+        return Ok(Data::from_bytes(dtype, &got).expect("whole elements"));
+    };
+    let rc: Vec<i32> = counts
+        .iter()
+        .map(|&n| count(n, "gathered piece"))
+        .collect::<Result<_, _>>()?;
+    count(bytes.len(), "gather buffer")?;
+    let rd = prefix(&rc);
+    {
+        let mut rp = PartitionMut::new(bytes, &rc[..], &rd[..]);
+        c.all_gather_varcount_into(real_slice(mine), &mut rp);
+    }
+    truncate(&mut out, n);
+    Ok(out)
+}
+
 /// `MPI_Allgatherv` of bytes: every rank's `mine` (of `counts[j]` bytes) back to back.
 fn gather_all(c: &SimpleCommunicator, mine: &[u8], counts: &[usize]) -> Result<Vec<u8>, String> {
     let mine = real_slice(mine);
@@ -271,6 +348,11 @@ impl MpiComm {
     /// Number of ranks.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// Number of ranks on this machine (including this one).
+    pub fn local_ranks(&self) -> usize {
+        self.local_ranks
     }
 
     /// "rank r of n on HOST (LIBRARY)", for logs.
@@ -389,10 +471,10 @@ impl Communicator for MpiComm {
                 let refs: Vec<&Data> = parts.iter().collect();
                 let mine = reduce_group(&refs, *red);
                 // All-gather of the reduced chunks.
-                let all = gather_all(c, &mine.as_bytes(), &sizes).map_err(fail)?;
+                let data = gather_typed(c, &mine.as_bytes(), &sizes, ty.dtype, n).map_err(fail)?;
                 HostTensor {
                     ty: ty.clone(),
-                    data: Data::from_bytes(ty.dtype, &all).expect("whole elements"),
+                    data,
                 }
             }
             Op::ReduceScatter { dim, op: red, .. } => {
@@ -411,14 +493,21 @@ impl Communicator for MpiComm {
             }
             Op::AllGather { dim, .. } => {
                 let piece = x.data.len() * w;
-                let all = gather_all(c, &x.data.as_bytes(), &vec![piece; k]).map_err(fail)?;
                 let mut os = shape.clone();
                 os[*dim] *= k;
-                let data = if shape[..*dim].iter().all(|&s| s == 1) {
+                let data = if outermost(&shape, *dim) {
                     // Blocks along the outermost non-trivial dim: the gather order is the
                     // layout.
-                    Data::from_bytes(ty.dtype, &all).expect("whole elements")
+                    gather_typed(
+                        c,
+                        &x.data.as_bytes(),
+                        &vec![piece; k],
+                        ty.dtype,
+                        x.data.len() * k,
+                    )
+                    .map_err(fail)?
                 } else {
+                    let all = gather_all(c, &x.data.as_bytes(), &vec![piece; k]).map_err(fail)?;
                     let mut out = runtime::kernels::zeros(ty.dtype, os.iter().product());
                     for (j, p) in pieces(&all, &vec![piece; k], ty.dtype).iter().enumerate() {
                         move_block(
@@ -450,14 +539,16 @@ impl Communicator for MpiComm {
                 bs[*split_dim] = m;
                 let piece = bs.iter().product::<usize>() * w;
                 let send = blocks_along(&x.data, &shape, *split_dim, k);
-                let got = exchange(c, &send, &vec![piece; k], &vec![piece; k]).map_err(fail)?;
                 let mut os = bs.clone();
                 os[*concat_dim] *= k;
                 let cl = bs[*concat_dim];
+                let counts = vec![piece; k];
                 let out = if outermost(&bs, *concat_dim) {
                     // Blocks from ranks 0..k land back to back: the receive order is the layout.
-                    Data::from_bytes(ty.dtype, &got).expect("whole elements")
+                    exchange_typed(c, &send, &counts, &counts, ty.dtype, x.data.len())
+                        .map_err(fail)?
                 } else {
+                    let got = exchange(c, &send, &counts, &counts).map_err(fail)?;
                     let mut out = runtime::kernels::zeros(ty.dtype, os.iter().product());
                     for (j, p) in pieces(&got, &vec![piece; k], ty.dtype).iter().enumerate() {
                         move_block(

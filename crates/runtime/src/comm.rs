@@ -168,24 +168,53 @@ pub fn wire_bytes(op: &Op, operand: &Type, k: usize) -> usize {
 /// once; i32 wrapping). Every backend reduces with this function, in this order, so results
 /// are bitwise the same whichever transport carried the operands.
 pub fn reduce_group(xs: &[&Data], op: ReduceOp) -> Data {
-    fn float<T: Copy>(
+    /// Elements per task: large enough to amortise scheduling, small enough to split a
+    /// megabyte buffer over the cores.
+    const CHUNK: usize = 1 << 14;
+    /// acc[i] = op(acc[i], x[i]) over every operand in order, chunk by chunk in parallel
+    /// (each element still sees the operands in rank order, so results do not depend on
+    /// the chunking).
+    fn float<T: Copy + Send + Sync>(
         xs: &[&[T]],
         op: ReduceOp,
-        widen: impl Fn(T) -> f64,
-        narrow: impl Fn(f64) -> T,
+        widen: impl Fn(T) -> f64 + Sync,
+        narrow: impl Fn(f64) -> T + Sync,
     ) -> Vec<T> {
-        let mut acc = vec![op.identity(); xs[0].len()];
-        for x in xs {
-            for (a, &v) in acc.iter_mut().zip(x.iter()) {
-                let v = widen(v);
-                *a = match op {
-                    ReduceOp::Sum => *a + v,
-                    ReduceOp::Max => fmax(*a, v),
-                    ReduceOp::Min => fmin(*a, v),
-                };
-            }
-        }
-        acc.into_iter().map(narrow).collect()
+        let n = xs[0].len();
+        let mut out: Vec<T> = Vec::with_capacity(n);
+        out.spare_capacity_mut()
+            .par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, dst)| {
+                let lo = c * CHUNK;
+                let mut acc = vec![op.identity(); dst.len()];
+                for x in xs {
+                    let x = &x[lo..lo + dst.len()];
+                    match op {
+                        ReduceOp::Sum => {
+                            for (a, &v) in acc.iter_mut().zip(x) {
+                                *a += widen(v);
+                            }
+                        }
+                        ReduceOp::Max => {
+                            for (a, &v) in acc.iter_mut().zip(x) {
+                                *a = fmax(*a, widen(v));
+                            }
+                        }
+                        ReduceOp::Min => {
+                            for (a, &v) in acc.iter_mut().zip(x) {
+                                *a = fmin(*a, widen(v));
+                            }
+                        }
+                    }
+                }
+                for (d, a) in dst.iter_mut().zip(acc) {
+                    d.write(narrow(a));
+                }
+            });
+        // SAFETY: the chunks above cover all `n` spare elements and each was written once.
+        unsafe { out.set_len(n) };
+        out
     }
     macro_rules! slices {
         ($var:ident) => {

@@ -76,6 +76,17 @@ impl Data {
         }
     }
 
+    /// The elements as mutable bytes (to receive into), for every dtype but bool.
+    pub fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        match self {
+            Data::F32(v) => Some(bytemuck::cast_slice_mut(v)),
+            Data::F64(v) => Some(bytemuck::cast_slice_mut(v)),
+            Data::BF16(v) => Some(bytemuck::cast_slice_mut(v)),
+            Data::I32(v) => Some(bytemuck::cast_slice_mut(v)),
+            Data::Bool(_) => None,
+        }
+    }
+
     /// Elements of `dtype` from bytes written by [`Data::to_bytes`] on a machine of the same
     /// endianness; `None` if the length is not a whole number of elements.
     pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Option<Data> {
