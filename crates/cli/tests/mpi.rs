@@ -240,6 +240,48 @@ fn mpi_moe_layer_equals_in_process_bitwise() {
         assert!(out.contains("as 4 MPI ranks"), "{out}");
         assert_bitwise_equal(&a, &b);
     }
+    // The same over TCP on loopback, as between machines (no shared-memory transport).
+    let (prog, inputs) = export_moe(&dir, "random", "f32");
+    let tcp = dir.join("tcp.safetensors");
+    let mut c = mpirun(4);
+    c.env("OMPI_MCA_btl", "tcp,self")
+        .env("OMPI_MCA_btl_tcp_if_include", "lo")
+        .args([
+            "run",
+            prog.to_str().unwrap(),
+            "--inputs",
+            inputs.to_str().unwrap(),
+        ])
+        .args(["--backend", "mpi", "--out", tcp.to_str().unwrap()]);
+    ok(
+        &run(c, Duration::from_secs(300), "mpirun over tcp"),
+        "mpirun over tcp",
+    );
+    assert_bitwise_equal(&dir.join("inprocess-random.safetensors"), &tcp);
+}
+
+#[test]
+fn an_error_on_the_ranks_ends_the_job_with_a_message() {
+    if !mpi_ready("an_error_on_the_ranks_ends_the_job_with_a_message") {
+        return;
+    }
+    let dir = tmp("error");
+    let (p, _) = export_moe(&dir, "all", "f32");
+    let mut c = mpirun(2);
+    c.args(["run", p.to_str().unwrap(), "--inputs"])
+        .arg(dir.join("missing.safetensors"))
+        .args(["--backend", "mpi"]);
+    let out = run(
+        c,
+        Duration::from_secs(60),
+        "mpirun with a missing input file",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("of 2: ") && stderr.contains("missing.safetensors"),
+        "{stderr}"
+    );
 }
 
 /// A two-language word-for-word corpus in the on-disk format (`split origin english source`).
