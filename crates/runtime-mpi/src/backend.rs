@@ -206,72 +206,94 @@ fn prefix(counts: &[i32]) -> Vec<i32> {
         .collect()
 }
 
+/// Byte counts as MPI counts (i32), or an error naming the limit.
+fn counts(v: &[usize], what: &str) -> Result<Vec<i32>, String> {
+    v.iter().map(|&n| count(n, what)).collect()
+}
+
 /// `MPI_Alltoallv` of bytes: `send` holds the pieces for ranks 0..k back to back
-/// (`scounts`); returns the pieces received from ranks 0..k back to back (`rcounts`).
+/// (`scounts`); the pieces received from ranks 0..k land back to back in `recv`
+/// (`rcounts`, which must add up to its length).
+fn exchange_into(
+    c: &SimpleCommunicator,
+    send: &[u8],
+    scounts: &[usize],
+    rcounts: &[usize],
+    recv: &mut [u8],
+) -> Result<(), String> {
+    count(send.len(), "send buffer")?;
+    count(recv.len(), "receive buffer")?;
+    let (sc, rc) = (
+        counts(scounts, "send piece")?,
+        counts(rcounts, "receive piece")?,
+    );
+    let (sd, rd) = (prefix(&sc), prefix(&rc));
+    let sp = Partition::new(real_slice(send), &sc[..], &sd[..]);
+    let mut rp = PartitionMut::new(recv, &rc[..], &rd[..]);
+    c.all_to_all_varcount_into(&sp, &mut rp);
+    Ok(())
+}
+
+/// `MPI_Allgatherv` of bytes: every rank's `mine` (of `counts[j]` bytes) back to back in
+/// `recv`.
+fn gather_into(
+    c: &SimpleCommunicator,
+    mine: &[u8],
+    piece_counts: &[usize],
+    recv: &mut [u8],
+) -> Result<(), String> {
+    count(recv.len(), "gather buffer")?;
+    let rc = counts(piece_counts, "gathered piece")?;
+    let rd = prefix(&rc);
+    let mut rp = PartitionMut::new(recv, &rc[..], &rd[..]);
+    c.all_gather_varcount_into(real_slice(mine), &mut rp);
+    Ok(())
+}
+
+/// [`exchange_into`] a new byte buffer.
 fn exchange(
     c: &SimpleCommunicator,
     send: &[u8],
     scounts: &[usize],
     rcounts: &[usize],
 ) -> Result<Vec<u8>, String> {
-    let send = real_slice(send);
-    count(send.len(), "send buffer")?;
-    let sc: Vec<i32> = scounts
-        .iter()
-        .map(|&n| count(n, "send piece"))
-        .collect::<Result<_, _>>()?;
-    let rc: Vec<i32> = rcounts
-        .iter()
-        .map(|&n| count(n, "receive piece"))
-        .collect::<Result<_, _>>()?;
-    let total: usize = rcounts.iter().sum();
-    count(total, "receive buffer")?;
-    let mut recv = real(vec![0u8; total]);
-    let (sd, rd) = (prefix(&sc), prefix(&rc));
-    {
-        let sp = Partition::new(send, &sc[..], &sd[..]);
-        let mut rp = PartitionMut::new(&mut recv[..], &rc[..], &rd[..]);
-        c.all_to_all_varcount_into(&sp, &mut rp);
-    }
+    let mut recv = real(vec![0u8; rcounts.iter().sum()]);
+    exchange_into(c, send, scounts, rcounts, &mut recv)?;
     Ok(recv)
 }
 
-/// [`exchange`] whose received bytes are, back to back, `n` elements of `dtype`: received
-/// straight into the typed buffer (no copy) unless the dtype is bool.
-fn exchange_typed(
+/// [`gather_into`] a new byte buffer.
+fn gather_all(
     c: &SimpleCommunicator,
-    send: &[u8],
-    scounts: &[usize],
-    rcounts: &[usize],
+    mine: &[u8],
+    piece_counts: &[usize],
+) -> Result<Vec<u8>, String> {
+    let mut recv = real(vec![0u8; piece_counts.iter().sum()]);
+    gather_into(c, mine, piece_counts, &mut recv)?;
+    Ok(recv)
+}
+
+/// A receive into `n` elements of `dtype`: straight into the typed buffer (no copy), or
+/// through bytes for bool. A zero-length buffer gets one padding element (see [`real`]).
+fn typed(
     dtype: ir::DType,
     n: usize,
+    recv: impl FnOnce(&mut [u8]) -> Result<(), String>,
 ) -> Result<Data, String> {
     let mut out = runtime::kernels::zeros(dtype, n.max(1));
-    let Some(bytes) = out.as_bytes_mut() else {
-        let got = exchange(c, send, scounts, rcounts)?;
-        return Ok(Data::from_bytes(dtype, &got).expect("whole elements"));
-    };
-    let sc: Vec<i32> = scounts
-        .iter()
-        .map(|&n| count(n, "send piece"))
-        .collect::<Result<_, _>>()?;
-    let rc: Vec<i32> = rcounts
-        .iter()
-        .map(|&n| count(n, "receive piece"))
-        .collect::<Result<_, _>>()?;
-    count(send.len(), "send buffer")?;
-    count(bytes.len(), "receive buffer")?;
-    let (sd, rd) = (prefix(&sc), prefix(&rc));
-    {
-        let sp = Partition::new(real_slice(send), &sc[..], &sd[..]);
-        let mut rp = PartitionMut::new(bytes, &rc[..], &rd[..]);
-        c.all_to_all_varcount_into(&sp, &mut rp);
+    match out.as_bytes_mut() {
+        Some(bytes) => recv(&mut bytes[..n * dtype.size_bytes()])?,
+        None => {
+            let mut bytes = real(vec![0u8; n * dtype.size_bytes()]);
+            recv(&mut bytes)?;
+            out = Data::from_bytes(dtype, &bytes).expect("whole elements");
+        }
     }
     truncate(&mut out, n);
     Ok(out)
 }
 
-/// Drop the padding element a zero-length typed buffer was given.
+/// Drop the padding element of a zero-length typed buffer.
 fn truncate(d: &mut Data, n: usize) {
     match d {
         Data::F32(v) => v.truncate(n),
@@ -280,51 +302,6 @@ fn truncate(d: &mut Data, n: usize) {
         Data::I32(v) => v.truncate(n),
         Data::Bool(v) => v.truncate(n),
     }
-}
-
-/// [`gather_all`] into a typed buffer of `n` elements of `dtype` (no copy unless bool).
-fn gather_typed(
-    c: &SimpleCommunicator,
-    mine: &[u8],
-    counts: &[usize],
-    dtype: ir::DType,
-    n: usize,
-) -> Result<Data, String> {
-    let mut out = runtime::kernels::zeros(dtype, n.max(1));
-    let Some(bytes) = out.as_bytes_mut() else {
-        let got = gather_all(c, mine, counts)?;
-        return Ok(Data::from_bytes(dtype, &got).expect("whole elements"));
-    };
-    let rc: Vec<i32> = counts
-        .iter()
-        .map(|&n| count(n, "gathered piece"))
-        .collect::<Result<_, _>>()?;
-    count(bytes.len(), "gather buffer")?;
-    let rd = prefix(&rc);
-    {
-        let mut rp = PartitionMut::new(bytes, &rc[..], &rd[..]);
-        c.all_gather_varcount_into(real_slice(mine), &mut rp);
-    }
-    truncate(&mut out, n);
-    Ok(out)
-}
-
-/// `MPI_Allgatherv` of bytes: every rank's `mine` (of `counts[j]` bytes) back to back.
-fn gather_all(c: &SimpleCommunicator, mine: &[u8], counts: &[usize]) -> Result<Vec<u8>, String> {
-    let mine = real_slice(mine);
-    let rc: Vec<i32> = counts
-        .iter()
-        .map(|&n| count(n, "gathered piece"))
-        .collect::<Result<_, _>>()?;
-    let total: usize = counts.iter().sum();
-    count(total, "gather buffer")?;
-    let mut recv = real(vec![0u8; total]);
-    let rd = prefix(&rc);
-    {
-        let mut rp = PartitionMut::new(&mut recv[..], &rc[..], &rd[..]);
-        c.all_gather_varcount_into(mine, &mut rp);
-    }
-    Ok(recv)
 }
 
 /// Split `bytes` into consecutive pieces of `lens` bytes, decoded as `dtype`.
@@ -471,7 +448,8 @@ impl Communicator for MpiComm {
                 let refs: Vec<&Data> = parts.iter().collect();
                 let mine = reduce_group(&refs, *red);
                 // All-gather of the reduced chunks.
-                let data = gather_typed(c, &mine.as_bytes(), &sizes, ty.dtype, n).map_err(fail)?;
+                let data = typed(ty.dtype, n, |r| gather_into(c, &mine.as_bytes(), &sizes, r))
+                    .map_err(fail)?;
                 HostTensor {
                     ty: ty.clone(),
                     data,
@@ -498,13 +476,9 @@ impl Communicator for MpiComm {
                 let data = if outermost(&shape, *dim) {
                     // Blocks along the outermost non-trivial dim: the gather order is the
                     // layout.
-                    gather_typed(
-                        c,
-                        &x.data.as_bytes(),
-                        &vec![piece; k],
-                        ty.dtype,
-                        x.data.len() * k,
-                    )
+                    typed(ty.dtype, x.data.len() * k, |r| {
+                        gather_into(c, &x.data.as_bytes(), &vec![piece; k], r)
+                    })
                     .map_err(fail)?
                 } else {
                     let all = gather_all(c, &x.data.as_bytes(), &vec![piece; k]).map_err(fail)?;
@@ -545,8 +519,10 @@ impl Communicator for MpiComm {
                 let counts = vec![piece; k];
                 let out = if outermost(&bs, *concat_dim) {
                     // Blocks from ranks 0..k land back to back: the receive order is the layout.
-                    exchange_typed(c, &send, &counts, &counts, ty.dtype, x.data.len())
-                        .map_err(fail)?
+                    typed(ty.dtype, x.data.len(), |r| {
+                        exchange_into(c, &send, &counts, &counts, r)
+                    })
+                    .map_err(fail)?
                 } else {
                     let got = exchange(c, &send, &counts, &counts).map_err(fail)?;
                     let mut out = runtime::kernels::zeros(ty.dtype, os.iter().product());
