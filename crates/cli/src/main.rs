@@ -2,6 +2,7 @@
 //! turns every error into a one-line message on stderr with exit code 2. This is the only
 //! crate that touches argv, the environment, files and exit codes.
 
+mod backend;
 mod cmd;
 mod files;
 mod mesh_args;

@@ -53,6 +53,98 @@ pub trait Communicator: Send + Sync {
         mesh: &Mesh,
         local: Vec<HostTensor>,
     ) -> Result<Vec<HostTensor>, CommError>;
+
+    /// This process's index among the processes that run the mesh (0 when there is one).
+    fn process_index(&self) -> usize {
+        0
+    }
+
+    /// How many processes run the mesh.
+    fn num_processes(&self) -> usize {
+        1
+    }
+
+    /// Every process's `mine`, in process order, on every process (outside any program:
+    /// gathering outputs, agreeing on a program, sharing a tokenizer).
+    fn all_gather_bytes(&self, mine: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
+        Ok(vec![mine])
+    }
+}
+
+/// Block `[start, start+len)` along `dim` of `x` (shape `shape`) as its own buffer.
+pub fn take_block(x: &Data, shape: &[usize], dim: usize, start: usize, len: usize) -> Data {
+    let mut bs = shape.to_vec();
+    bs[dim] = len;
+    let mut out = zeros(x.dtype(), bs.iter().product());
+    move_block(x, shape, dim, start, len, &mut out, &bs, dim, 0);
+    out
+}
+
+/// Fails unless every process passes the same `fingerprint` of `what` (e.g. the partitioned
+/// program and its mesh): ranks launched with different programs or flags would otherwise
+/// exchange mismatched buffers.
+pub fn check_consistent(
+    comm: &dyn Communicator,
+    what: &str,
+    fingerprint: &[u8],
+) -> Result<(), CommError> {
+    let all = comm.all_gather_bytes(fingerprint.to_vec())?;
+    let odd: Vec<String> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.as_slice() != all[0].as_slice())
+        .map(|(i, _)| i.to_string())
+        .collect();
+    if odd.is_empty() {
+        return Ok(());
+    }
+    Err(CommError::Failed {
+        index: 0,
+        op: "start-up check".into(),
+        msg: format!(
+            "rank(s) {} have a different {what} than rank 0; launch every rank with the same program, inputs and flags",
+            odd.join(", ")
+        ),
+    })
+}
+
+/// Every mesh position's named tensors (`n` positions, in order), on every process:
+/// `local[j]` belongs to `comm.local_positions()[j]`.
+pub fn gather_positions(
+    comm: &dyn Communicator,
+    local: &[std::collections::HashMap<String, HostTensor>],
+    n: usize,
+) -> Result<Vec<std::collections::HashMap<String, HostTensor>>, CommError> {
+    let positions = comm.local_positions();
+    let fail = |msg: String| CommError::Failed {
+        index: 0,
+        op: "gather of outputs".into(),
+        msg,
+    };
+    if comm.num_processes() == 1 {
+        return Ok(local.to_vec());
+    }
+    let mut named: Vec<(String, &HostTensor)> = Vec::new();
+    for (pos, m) in positions.iter().zip(local) {
+        for (name, t) in m {
+            named.push((format!("{pos}:{name}"), t));
+        }
+    }
+    let bytes = crate::io::write_safetensors(&named, None).map_err(|e| fail(e.to_string()))?;
+    let mut out: Vec<std::collections::HashMap<String, HostTensor>> = vec![Default::default(); n];
+    for part in comm.all_gather_bytes(bytes)? {
+        let (tensors, _) = crate::io::read_safetensors(&part).map_err(|e| fail(e.to_string()))?;
+        for (key, t) in tensors {
+            let (pos, name) = key
+                .split_once(':')
+                .and_then(|(p, n)| Some((p.parse::<usize>().ok()?, n)))
+                .ok_or_else(|| fail(format!("malformed tensor name `{key}`")))?;
+            out.get_mut(pos)
+                .ok_or_else(|| fail(format!("position {pos} is outside the mesh of {n}")))?
+                .insert(name.to_string(), t);
+        }
+    }
+    Ok(out)
 }
 
 /// Every mesh position in one process: collectives are copies between device buffers.
@@ -73,26 +165,56 @@ pub fn wire_bytes(op: &Op, operand: &Type, k: usize) -> usize {
 }
 
 /// Elementwise reduction over the group's buffers in rank order (floats in f64, rounded
-/// once; i32 wrapping).
-fn reduce_group(xs: &[&Data], op: ReduceOp) -> Data {
-    fn float<T: Copy>(
+/// once; i32 wrapping). Every backend reduces with this function, in this order, so results
+/// are bitwise the same whichever transport carried the operands.
+pub fn reduce_group(xs: &[&Data], op: ReduceOp) -> Data {
+    /// Elements per task: large enough to amortise scheduling, small enough to split a
+    /// megabyte buffer over the cores.
+    const CHUNK: usize = 1 << 14;
+    /// acc[i] = op(acc[i], x[i]) over every operand in order, chunk by chunk in parallel
+    /// (each element still sees the operands in rank order, so results do not depend on
+    /// the chunking).
+    fn float<T: Copy + Send + Sync>(
         xs: &[&[T]],
         op: ReduceOp,
-        widen: impl Fn(T) -> f64,
-        narrow: impl Fn(f64) -> T,
+        widen: impl Fn(T) -> f64 + Sync,
+        narrow: impl Fn(f64) -> T + Sync,
     ) -> Vec<T> {
-        let mut acc = vec![op.identity(); xs[0].len()];
-        for x in xs {
-            for (a, &v) in acc.iter_mut().zip(x.iter()) {
-                let v = widen(v);
-                *a = match op {
-                    ReduceOp::Sum => *a + v,
-                    ReduceOp::Max => fmax(*a, v),
-                    ReduceOp::Min => fmin(*a, v),
-                };
-            }
-        }
-        acc.into_iter().map(narrow).collect()
+        let n = xs[0].len();
+        let mut out: Vec<T> = Vec::with_capacity(n);
+        out.spare_capacity_mut()
+            .par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, dst)| {
+                let lo = c * CHUNK;
+                let mut acc = vec![op.identity(); dst.len()];
+                for x in xs {
+                    let x = &x[lo..lo + dst.len()];
+                    match op {
+                        ReduceOp::Sum => {
+                            for (a, &v) in acc.iter_mut().zip(x) {
+                                *a += widen(v);
+                            }
+                        }
+                        ReduceOp::Max => {
+                            for (a, &v) in acc.iter_mut().zip(x) {
+                                *a = fmax(*a, widen(v));
+                            }
+                        }
+                        ReduceOp::Min => {
+                            for (a, &v) in acc.iter_mut().zip(x) {
+                                *a = fmin(*a, widen(v));
+                            }
+                        }
+                    }
+                }
+                for (d, a) in dst.iter_mut().zip(acc) {
+                    d.write(narrow(a));
+                }
+            });
+        // SAFETY: the chunks above cover all `n` spare elements and each was written once.
+        unsafe { out.set_len(n) };
+        out
     }
     macro_rules! slices {
         ($var:ident) => {
@@ -174,7 +296,7 @@ fn reduction_of(op: &Op) -> Option<ReduceOp> {
 /// Copy block `[start, start+len)` along `dim` of `x` (shape `shape`) into `out` at
 /// `[at, at+len)` along `dim` (shape `out_shape`).
 #[allow(clippy::too_many_arguments)]
-fn move_block(
+pub fn move_block(
     x: &Data,
     shape: &[usize],
     dim: usize,

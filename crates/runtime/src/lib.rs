@@ -30,6 +30,6 @@ pub use exec::{
     run_devices, run_devices_profiled, CollectiveStat, ExecError, Executable, RunResult,
 };
 pub use io::{read_safetensors, write_safetensors, IoError};
-pub use profile::{Profiler, TraceEvent};
+pub use profile::{merge_chrome_traces, Profiler, TraceEvent};
 pub use reference::{run, run_spmd, RuntimeError};
 pub use tensor::{convert_value, f64_to_bf16, BlockDim, Data, HostTensor, TensorError};

@@ -162,3 +162,20 @@ impl Profiler {
         out
     }
 }
+
+/// One Chrome trace from several written by [`Profiler::chrome_trace`] (e.g. one per MPI
+/// rank, each holding its own devices' tracks); `None` if one is not in that form.
+pub fn merge_chrome_traces(traces: &[&str]) -> Option<String> {
+    let mut parts = Vec::new();
+    for t in traces {
+        let (start, end) = (t.find('[')?, t.rfind(']')?);
+        let inner = t.get(start + 1..end)?.trim();
+        if !inner.is_empty() {
+            parts.push(inner);
+        }
+    }
+    Some(format!(
+        "{{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n{}\n]}}\n",
+        parts.join(",\n")
+    ))
+}

@@ -25,6 +25,13 @@ pub enum Data {
     Bool(Vec<bool>),
 }
 
+/// A vector of `T` holding `bytes` (any alignment; the length is a multiple of `T`'s size).
+fn pod_from_bytes<T: bytemuck::Pod + bytemuck::Zeroable>(bytes: &[u8]) -> Vec<T> {
+    let mut v = vec![T::zeroed(); bytes.len() / std::mem::size_of::<T>()];
+    bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(bytes);
+    v
+}
+
 impl Data {
     /// The dtype of the elements.
     pub fn dtype(&self) -> DType {
@@ -50,6 +57,50 @@ impl Data {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The elements as native-endian bytes (bool as 0/1 bytes): what a transport sends.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.as_bytes().into_owned()
+    }
+
+    /// The elements' bytes without a copy where the layout allows (every dtype but bool).
+    pub fn as_bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        use std::borrow::Cow;
+        match self {
+            Data::F32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Data::F64(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Data::BF16(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Data::I32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Data::Bool(v) => Cow::Owned(v.iter().map(|&b| b as u8).collect()),
+        }
+    }
+
+    /// The elements as mutable bytes (to receive into), for every dtype but bool.
+    pub fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        match self {
+            Data::F32(v) => Some(bytemuck::cast_slice_mut(v)),
+            Data::F64(v) => Some(bytemuck::cast_slice_mut(v)),
+            Data::BF16(v) => Some(bytemuck::cast_slice_mut(v)),
+            Data::I32(v) => Some(bytemuck::cast_slice_mut(v)),
+            Data::Bool(_) => None,
+        }
+    }
+
+    /// Elements of `dtype` from bytes written by [`Data::to_bytes`] on a machine of the same
+    /// endianness; `None` if the length is not a whole number of elements.
+    pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Option<Data> {
+        let width = dtype.size_bytes();
+        if !bytes.len().is_multiple_of(width) {
+            return None;
+        }
+        Some(match dtype {
+            DType::F32 => Data::F32(pod_from_bytes(bytes)),
+            DType::F64 => Data::F64(pod_from_bytes(bytes)),
+            DType::BF16 => Data::BF16(pod_from_bytes(bytes)),
+            DType::I32 => Data::I32(pod_from_bytes(bytes)),
+            DType::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
+        })
     }
 
     /// Data of `dtype` holding `values`, each converted by [`convert_value`].

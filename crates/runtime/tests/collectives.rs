@@ -1,5 +1,6 @@
 //! Collectives and device-dependent ops through `runtime::run_spmd` on meshes [x=2], [x=4]
-//! and [a=2, b=2] (SPEC.md section 7), plus their single-device behaviour in `runtime::run`.
+//! and [a=2, b=2] (SPEC.md section 7), plus their single-device behaviour in `runtime::run`;
+//! the byte encoding transports use, and the process-level helpers with one process.
 
 mod common;
 
@@ -484,4 +485,34 @@ fn collective_without_mesh_is_an_error() {
     assert!(matches!(e, RuntimeError::NoMesh { index: 1, .. }), "{e}");
     let e = run_spmd(&p, &[ins]).unwrap_err();
     assert!(matches!(e, RuntimeError::NoMesh { .. }), "{e}");
+}
+
+#[test]
+fn data_bytes_round_trip_every_dtype() {
+    use runtime::Data;
+    let cases = [
+        Data::F32(vec![1.5, -0.0, f32::NAN, f32::INFINITY]),
+        Data::F64(vec![1e300, -2.5]),
+        Data::BF16(vec![half::bf16::from_f32(3.0), half::bf16::MIN]),
+        Data::I32(vec![i32::MIN, 7, -1]),
+        Data::Bool(vec![true, false, true]),
+        Data::F32(vec![]),
+    ];
+    for d in cases {
+        let back = Data::from_bytes(d.dtype(), &d.to_bytes()).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{d:?}"));
+    }
+    assert!(Data::from_bytes(ir::DType::F32, &[0, 1, 2]).is_none());
+}
+
+#[test]
+fn one_process_gathers_its_own_positions_and_agrees_with_itself() {
+    use runtime::comm::{check_consistent, gather_positions};
+    let comm = runtime::InProcess::new(2);
+    let local: Vec<HashMap<String, runtime::HostTensor>> = (0..2)
+        .map(|p| HashMap::from([("x".to_string(), runtime::HostTensor::scalar_f32(p as f32))]))
+        .collect();
+    let all = gather_positions(&comm, &local, 2).unwrap();
+    assert_eq!(all, local);
+    check_consistent(&comm, "program", b"abc").unwrap();
 }

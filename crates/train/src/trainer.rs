@@ -7,6 +7,11 @@
 //! random is a pure function of `(seed, step)`: the batch composition (temperature sampling
 //! over languages, then an example), dropout and random routing. A run resumed from a
 //! checkpoint therefore continues bit-for-bit.
+//!
+//! The devices run behind a [`Communicator`]: all of them in this process ([`InProcess`],
+//! the default) or one per MPI rank. Every process runs the same loop on the same batches;
+//! only process 0 writes files (config, tokenizer, metrics, checkpoints, plots, decodes),
+//! and it shares what the others need (the tokenizer, a resumed checkpoint) as bytes.
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::TrainConfig;
@@ -17,11 +22,13 @@ use crate::tokenizer::Tokenizer;
 use ir::{Builder, DType, RngDist, Type};
 use nn::params::{Init, ParamSpec};
 use nn::transformer::{build, BatchShape};
-use runtime::{HostTensor, InProcess};
+use runtime::comm::gather_positions;
+use runtime::{Communicator, HostTensor, InProcess};
 use serde_json::json;
 use spmd::Partitioned;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 use thiserror::Error;
 
@@ -395,8 +402,8 @@ pub fn init_tensor(spec: &ParamSpec, seed: u64, stream: u64) -> HostTensor {
 pub struct Trainer {
     pub cfg: TrainConfig,
     pub programs: Programs,
-    comm: InProcess,
-    /// Per device: the current parameter and optimizer-state shards.
+    comm: Arc<dyn Communicator>,
+    /// Per local device (`comm.local_positions()`): its parameter and optimizer-state shards.
     state: Vec<HashMap<String, HostTensor>>,
     pub step: u64,
     pub peak_bytes_per_device: usize,
@@ -410,6 +417,23 @@ impl Trainer {
         global: Option<HashMap<String, HostTensor>>,
         step: u64,
     ) -> Result<Trainer, TrainError> {
+        let n = programs
+            .step
+            .program
+            .mesh
+            .as_ref()
+            .map_or(1, |m| m.num_devices());
+        Trainer::with_comm(cfg, programs, global, step, Arc::new(InProcess::new(n)))
+    }
+
+    /// [`Trainer::new`] on the local devices of `comm` (e.g. one MPI rank's).
+    pub fn with_comm(
+        cfg: &TrainConfig,
+        programs: Programs,
+        global: Option<HashMap<String, HostTensor>>,
+        step: u64,
+        comm: Arc<dyn Communicator>,
+    ) -> Result<Trainer, TrainError> {
         let global = match global {
             Some(g) => g,
             None => programs
@@ -421,17 +445,24 @@ impl Trainer {
                 .collect(),
         };
         let mesh = programs.step.program.mesh.clone().expect("partitioned");
-        let mut state = vec![HashMap::new(); mesh.num_devices()];
+        let positions = comm.local_positions();
+        if let Some(&bad) = positions.iter().find(|&&p| p >= mesh.num_devices()) {
+            return Err(TrainError::Run(format!(
+                "this process runs mesh position {bad}, but the mesh {mesh} has {} devices; launch as many MPI ranks as the mesh has devices",
+                mesh.num_devices()
+            )));
+        }
+        let mut state = vec![HashMap::new(); positions.len()];
         for l in &programs.step.params {
             if let Some(t) = global.get(&l.name) {
-                for (pos, m) in state.iter_mut().enumerate() {
+                for (&pos, m) in positions.iter().zip(state.iter_mut()) {
                     m.insert(l.name.clone(), t.block(&devices::block(l, &mesh, pos)));
                 }
             }
         }
         Ok(Trainer {
             cfg: cfg.clone(),
-            comm: InProcess::new(mesh.num_devices()),
+            comm,
             programs,
             state,
             step,
@@ -456,9 +487,10 @@ impl Trainer {
     ) -> Vec<HashMap<String, HostTensor>> {
         let mesh = self.mesh();
         let mut per = self.state.clone();
+        let positions = self.comm.local_positions();
         for l in &part.params {
             if let Some(t) = batch.get(&l.name) {
-                for (pos, m) in per.iter_mut().enumerate() {
+                for (&pos, m) in positions.iter().zip(per.iter_mut()) {
                     m.insert(l.name.clone(), t.block(&devices::block(l, &mesh, pos)));
                 }
             }
@@ -471,6 +503,15 @@ impl Trainer {
         &mut self,
         batch: &HashMap<String, HostTensor>,
     ) -> Result<HashMap<String, HostTensor>, TrainError> {
+        self.train_step_profiled(batch, None)
+    }
+
+    /// [`Trainer::train_step`] recording per-op and per-collective timings into `profiler`.
+    pub fn train_step_profiled(
+        &mut self,
+        batch: &HashMap<String, HostTensor>,
+        profiler: Option<&runtime::Profiler>,
+    ) -> Result<HashMap<String, HostTensor>, TrainError> {
         let mut batch = batch.clone();
         let seed = (splitmix(self.cfg.seed.wrapping_mul(0x9E37) ^ self.step) & 0x7fff_ffff) as f64;
         batch.insert(
@@ -478,8 +519,13 @@ impl Trainer {
             HostTensor::from_f64_values(Type::scalar(DType::I32), &[seed]),
         );
         let inputs = self.inputs(&self.programs.step, &batch);
-        let r = runtime::run_devices(&self.programs.step.program, &self.comm, &inputs)
-            .map_err(|e| TrainError::Run(e.to_string()))?;
+        let r = runtime::run_devices_profiled(
+            &self.programs.step.program,
+            self.comm.as_ref(),
+            &inputs,
+            profiler,
+        )
+        .map_err(|e| TrainError::Run(e.to_string()))?;
         self.peak_bytes_per_device = self.peak_bytes_per_device.max(r.peak_bytes_per_device);
         let mut scalars = HashMap::new();
         for (j, outs) in r.outputs.into_iter().enumerate() {
@@ -495,19 +541,33 @@ impl Trainer {
         Ok(scalars)
     }
 
-    /// The global parameter and optimizer-state tensors (for checkpoints).
-    pub fn global_state(&self) -> HashMap<String, HostTensor> {
+    /// The global parameter and optimizer-state tensors (for checkpoints). Collective: every
+    /// process calls it, and every process gets them.
+    pub fn global_state(&self) -> Result<HashMap<String, HostTensor>, TrainError> {
         let mesh = self.mesh();
-        self.programs
+        let all = gather_positions(self.comm.as_ref(), &self.state, mesh.num_devices())
+            .map_err(|e| TrainError::Run(e.to_string()))?;
+        Ok(self
+            .programs
             .step
             .params
             .iter()
-            .filter(|l| self.state[0].contains_key(&l.name))
+            .filter(|l| all[0].contains_key(&l.name))
             .map(|l| {
-                let shards: Vec<&HostTensor> = self.state.iter().map(|m| &m[&l.name]).collect();
+                let shards: Vec<&HostTensor> = all.iter().map(|m| &m[&l.name]).collect();
                 (l.name.clone(), devices::assemble(l, &mesh, &shards))
             })
-            .collect()
+            .collect())
+    }
+
+    /// The communicator the devices run behind.
+    pub fn comm(&self) -> &dyn Communicator {
+        self.comm.as_ref()
+    }
+
+    /// Whether this process writes the run's files (process 0).
+    pub fn is_root(&self) -> bool {
+        self.comm.process_index() == 0
     }
 
     /// Run the evaluation program on `batch`: (mean cross-entropy, logits).
@@ -517,9 +577,12 @@ impl Trainer {
     ) -> Result<(f64, HostTensor), TrainError> {
         let part = &self.programs.eval;
         let inputs = self.inputs(part, batch);
-        let r = runtime::run_devices(&part.program, &self.comm, &inputs)
+        let r = runtime::run_devices(&part.program, self.comm.as_ref(), &inputs)
             .map_err(|e| TrainError::Run(e.to_string()))?;
-        let outs = devices::assemble_outputs(part, &r.outputs);
+        let n = self.mesh().num_devices();
+        let all = gather_positions(self.comm.as_ref(), &r.outputs, n)
+            .map_err(|e| TrainError::Run(e.to_string()))?;
+        let outs = devices::assemble_outputs(part, &all);
         Ok((outs["ce"].to_f64_vec()[0], outs["logits"].clone()))
     }
 }
@@ -698,6 +761,51 @@ pub struct RunOptions {
     pub resume: bool,
     /// Stop after this step (a simulated crash in tests); `None` runs to the end.
     pub stop_after: Option<u64>,
+    /// Where the devices run; `None`: all of them in this process.
+    pub comm: Option<Arc<dyn Communicator>>,
+    /// Write a Chrome trace (Perfetto) of this many steps to this file, after one warm-up
+    /// step (written by process 0; every process's devices are in it).
+    pub profile: Option<(PathBuf, u64)>,
+}
+
+/// Process 0's bytes on every process (`make` runs on process 0 only).
+fn share(
+    comm: &dyn Communicator,
+    make: impl FnOnce() -> Result<Vec<u8>, TrainError>,
+) -> Result<Vec<u8>, TrainError> {
+    if comm.num_processes() == 1 {
+        return make();
+    }
+    let mine = if comm.process_index() == 0 {
+        make()?
+    } else {
+        Vec::new()
+    };
+    let mut all = comm
+        .all_gather_bytes(mine)
+        .map_err(|e| TrainError::Run(e.to_string()))?;
+    Ok(all.swap_remove(0))
+}
+
+/// A checkpoint's step and tensors as bytes (for [`share`]).
+fn checkpoint_bytes(
+    step: u64,
+    tensors: &HashMap<String, HostTensor>,
+) -> Result<Vec<u8>, TrainError> {
+    let named: Vec<(String, &HostTensor)> = tensors.iter().map(|(k, v)| (k.clone(), v)).collect();
+    let meta = HashMap::from([("step".to_string(), step.to_string())]);
+    runtime::write_safetensors(&named, Some(meta)).map_err(|e| TrainError::Run(e.to_string()))
+}
+
+fn checkpoint_from_bytes(bytes: &[u8]) -> Result<(u64, HashMap<String, HostTensor>), TrainError> {
+    let bad = |e: String| TrainError::Run(format!("the checkpoint shared by rank 0: {e}"));
+    let (tensors, meta) = runtime::read_safetensors(bytes).map_err(|e| bad(e.to_string()))?;
+    let step = meta
+        .as_ref()
+        .and_then(|m| m.get("step"))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("no step".into()))?;
+    Ok((step, tensors.into_iter().collect()))
 }
 
 /// What a finished run reports.
@@ -724,24 +832,49 @@ pub fn run(
     on: &mut dyn FnMut(Event),
 ) -> Result<Report, TrainError> {
     cfg.validate()?;
+    let comm: Arc<dyn Communicator> = match &opts.comm {
+        Some(c) => c.clone(),
+        None => Arc::new(InProcess::new(cfg.devices())),
+    };
+    let root = comm.process_index() == 0;
     let rd = RunDir {
         dir: opts.out.clone(),
     };
-    std::fs::create_dir_all(&rd.dir).map_err(io(&rd.dir))?;
-    let resume = opts.resume && rd.checkpoint().exists();
-    let (tok, langs) = if resume {
-        let tok =
-            Tokenizer::load(rd.tokenizer()).map_err(|e| TrainError::Tokenizer(e.to_string()))?;
-        let langs = tok.langs().to_vec();
-        (tok, langs)
-    } else {
+    if root {
+        std::fs::create_dir_all(&rd.dir).map_err(io(&rd.dir))?;
+    }
+    // Process 0 decides whether to resume and shares its tokenizer with the others.
+    let resume = share(comm.as_ref(), || {
+        Ok(vec![(opts.resume && rd.checkpoint().exists()) as u8])
+    })?
+    .first()
+        == Some(&1);
+    if !resume {
         on(Event::Status("training the tokenizer"));
-        let (langs, tok) = tokenizer_for(cfg, corpus)?;
-        tok.save(rd.tokenizer())
-            .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
-        (tok, langs)
+    }
+    let tok_json = share(comm.as_ref(), || {
+        let tok = if resume {
+            Tokenizer::load(rd.tokenizer())
+        } else {
+            let (_, tok) = tokenizer_for(cfg, corpus)?;
+            tok.save(rd.tokenizer()).map(|()| tok)
+        }
+        .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
+        Ok(tok
+            .to_json()
+            .map_err(|e| TrainError::Tokenizer(e.to_string()))?
+            .into_bytes())
+    })?;
+    let tok = Tokenizer::from_json(&String::from_utf8_lossy(&tok_json))
+        .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
+    let langs = if resume {
+        tok.langs().to_vec()
+    } else {
+        select_langs(cfg, corpus)?
     };
-    std::fs::write(rd.config(), cfg.to_toml()).map_err(io(&rd.config()))?;
+    if root {
+        std::fs::write(rd.config(), cfg.to_toml()).map_err(io(&rd.config()))?;
+    }
     on(Event::Status("tokenizing"));
     let data = prepare_data(cfg, corpus, &langs, &tok)?;
     on(Event::Status(
@@ -750,25 +883,33 @@ pub fn run(
     let programs = build_programs(cfg, tok.vocab_size())?;
     let partition_seconds = programs.partition_seconds;
     let (global, first) = if resume {
-        let ck = checkpoint::load(&rd.checkpoint())?;
-        let expected: Vec<(String, Type)> = programs
-            .params
-            .iter()
-            .chain(programs.state.iter())
-            .map(|s| (s.name.clone(), s.ty.clone()))
-            .collect();
-        ck.check(&rd.checkpoint(), &expected)?;
-        (Some(ck.tensors), ck.step)
+        let bytes = share(comm.as_ref(), || {
+            let ck = checkpoint::load(&rd.checkpoint())?;
+            let expected: Vec<(String, Type)> = programs
+                .params
+                .iter()
+                .chain(programs.state.iter())
+                .map(|s| (s.name.clone(), s.ty.clone()))
+                .collect();
+            ck.check(&rd.checkpoint(), &expected)?;
+            checkpoint_bytes(ck.step, &ck.tensors)
+        })?;
+        let (step, tensors) = checkpoint_from_bytes(&bytes)?;
+        (Some(tensors), step)
     } else {
         (None, 0)
     };
-    let mut tr = Trainer::new(cfg, programs, global, first)?;
-    let mut log =
-        MetricsLog::open(&rd.metrics(), resume.then_some(first)).map_err(io(&rd.metrics()))?;
+    let mut tr = Trainer::with_comm(cfg, programs, global, first, comm.clone())?;
+    let mut log = if root {
+        Some(MetricsLog::open(&rd.metrics(), resume.then_some(first)).map_err(io(&rd.metrics()))?)
+    } else {
+        None
+    };
     on(Event::Started {
         total_steps: cfg.steps,
         first_step: first,
     });
+    let profiler = opts.profile.as_ref().map(|_| runtime::Profiler::new());
     let mut last_loss = f64::NAN;
     let mut tok_rate = 0.0;
     let mut loads: Vec<Vec<f64>> = vec![Vec::new(); tr.programs.moe_layers.len()];
@@ -783,8 +924,13 @@ pub fn run(
                 .iter()
                 .filter(|&&p| p == 0.0)
                 .count() as f64;
+        // Step `first + 1` warms the caches and pools; the next `count` are traced.
+        let profiling = opts
+            .profile
+            .as_ref()
+            .is_some_and(|&(_, count)| step > first && step <= first + count);
         let t0 = Instant::now();
-        let out = tr.train_step(&batch)?;
+        let out = tr.train_step_profiled(&batch, profiler.as_ref().filter(|_| profiling))?;
         let dt = t0.elapsed().as_secs_f64();
         let rate = tokens / dt.max(1e-9);
         tok_rate = if step == first {
@@ -831,32 +977,56 @@ pub fn run(
                     dev_loss: dl,
                 });
             }
-            log.write(&rec).map_err(io(log.path()))?;
+            if let Some(log) = &mut log {
+                log.write(&rec).map_err(io(log.path()))?;
+            }
         }
         if (cfg.checkpoint_every > 0 && done % cfg.checkpoint_every == 0) || done == cfg.steps {
-            let ck = Checkpoint {
-                step: done,
-                config: cfg.to_toml(),
-                tensors: tr.global_state(),
-            };
-            checkpoint::save(&rd.checkpoint(), &ck)?;
+            let tensors = tr.global_state()?;
+            if root {
+                let ck = Checkpoint {
+                    step: done,
+                    config: cfg.to_toml(),
+                    tensors,
+                };
+                checkpoint::save(&rd.checkpoint(), &ck)?;
+            }
         }
         if opts.stop_after.is_some_and(|s| done >= s) {
             break;
         }
     }
+    if let (Some(prof), Some((path, _))) = (&profiler, &opts.profile) {
+        let traces = comm
+            .all_gather_bytes(prof.chrome_trace().into_bytes())
+            .map_err(|e| TrainError::Run(e.to_string()))?;
+        if root {
+            let texts: Vec<String> = traces
+                .iter()
+                .map(|t| String::from_utf8_lossy(t).into_owned())
+                .collect();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let merged = runtime::merge_chrome_traces(&refs)
+                .ok_or_else(|| TrainError::Run("a process's trace is malformed".into()))?;
+            std::fs::write(path, merged).map_err(io(path))?;
+        }
+    }
     on(Event::Status("evaluating: dev loss and BLEU"));
     let dl = dev_loss(&tr, &tok, &data.dev)?;
-    log.write(&json!({"step": tr.step, "loss": last_loss, "dev_loss": dl}))
-        .map_err(io(log.path()))?;
+    if let Some(log) = &mut log {
+        log.write(&json!({"step": tr.step, "loss": last_loss, "dev_loss": dl}))
+            .map_err(io(log.path()))?;
+    }
     let srcs: Vec<Vec<u32>> = data.dev.iter().map(|e| e.src.clone()).collect();
     let hyps_ids = translate(&tr, &tok, &srcs, cfg.eval.beam, cfg.eval.length_penalty)?;
     let hyps: Vec<String> = hyps_ids.iter().map(|h| tok.decode(h)).collect();
     let refs: Vec<&str> = data.dev.iter().map(|e| e.english.as_str()).collect();
     let hyp_refs: Vec<&str> = hyps.iter().map(String::as_str).collect();
     let bleu = crate::bleu::corpus_bleu(&hyp_refs, &refs).ok();
-    std::fs::write(rd.dir.join("dev.hyp"), hyps.join("\n") + "\n").map_err(io(&rd.dir))?;
-    std::fs::write(rd.dir.join("dev.ref"), refs.join("\n") + "\n").map_err(io(&rd.dir))?;
+    if root {
+        std::fs::write(rd.dir.join("dev.hyp"), hyps.join("\n") + "\n").map_err(io(&rd.dir))?;
+        std::fs::write(rd.dir.join("dev.ref"), refs.join("\n") + "\n").map_err(io(&rd.dir))?;
+    }
     let examples = data
         .dev
         .iter()
@@ -871,7 +1041,9 @@ pub fn run(
             )
         })
         .collect();
-    plots(&rd, &tr.programs.moe_layers)?;
+    if root {
+        plots(&rd, &tr.programs.moe_layers)?;
+    }
     let expert_load = tr
         .programs
         .moe_layers

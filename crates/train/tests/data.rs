@@ -969,3 +969,30 @@ fn offline_build_without_cache_names_the_package_and_the_fix() {
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn corpus_bytes_round_trip_keeps_splits_and_order() {
+    use std::sync::Arc;
+    let p = |lang: &str, en: &str, src: &str| Pair {
+        lang: Arc::from(lang),
+        origin: Arc::from("t"),
+        english: en.to_string(),
+        source: src.to_string(),
+    };
+    let mut c = Corpus::from_pairs([
+        p("de", "one cat", "eine Katze"),
+        p("de", "two dogs", "zwei Hunde"),
+        p("fr", "red", "rouge"),
+        p("fr", "empty source", ""),
+    ]);
+    let back = Corpus::from_bytes(&c.to_bytes()).unwrap();
+    for (lang, ld) in c.iter() {
+        assert_eq!(back.get(lang), Some(ld), "{lang}");
+    }
+    assert_eq!(back.languages(), c.languages());
+    // Malformed bytes are an error naming the line, not a panic.
+    let err = Corpus::from_bytes(b"de\ttrain\tonly three").unwrap_err();
+    assert!(err.to_string().contains(":1: expected 5"), "{err}");
+    c = Corpus::from_bytes(b"").unwrap();
+    assert!(c.is_empty());
+}

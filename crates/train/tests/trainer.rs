@@ -109,6 +109,8 @@ fn killed_run_resumes_to_the_same_loss_curve() {
             out: full.clone(),
             resume: false,
             stop_after: None,
+            comm: None,
+            profile: None,
         },
         &mut |_| {},
     )
@@ -135,6 +137,8 @@ fn killed_run_resumes_to_the_same_loss_curve() {
             out: cut.clone(),
             resume: false,
             stop_after: Some(4),
+            comm: None,
+            profile: None,
         },
         &mut |_| {},
     )
@@ -147,6 +151,8 @@ fn killed_run_resumes_to_the_same_loss_curve() {
             out: cut.clone(),
             resume: true,
             stop_after: None,
+            comm: None,
+            profile: None,
         },
         &mut |e| {
             if let Event::Started { first_step, .. } = e {
@@ -180,6 +186,8 @@ fn loss_falls_on_a_learnable_task() {
             out: dir.clone(),
             resume: false,
             stop_after: None,
+            comm: None,
+            profile: None,
         },
         &mut |_| {},
     )

@@ -8,6 +8,8 @@
 //! and the time to propagate + partition + prepare the executor. `--profile FILE` writes a
 //! Chrome trace of one extra step.
 //!
+//! `collectives`: all-to-all and all-reduce bandwidth per backend (`bench_comm`).
+//!
 //! `partition`: builds one transformer-sized MoE training step (forward + backward) once,
 //! then propagates and partitions it for 2, 8, 64, 512 and 2048 devices (mesh `expert=N`;
 //! experts and groups are 2048 so every count divides) and reports the median time of each.
@@ -34,6 +36,8 @@ enum What {
     Partition(PartitionArgs),
     /// Step time of one MoE layer with gradients on N devices (the `export moe-layer` program).
     MoeLayer(MoeBenchArgs),
+    /// All-to-all and all-reduce bandwidth of a backend (`--backend inprocess|mpi`).
+    Collectives(crate::cmd::bench_comm::CollectiveBenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -83,6 +87,7 @@ pub fn main(a: Args) -> Result<()> {
     match a.what {
         What::Partition(p) => partition(p),
         What::MoeLayer(m) => moe_layer(m),
+        What::Collectives(c) => crate::cmd::bench_comm::main(c),
     }
 }
 

@@ -53,6 +53,8 @@ pub fn main(a: Args) -> Result<()> {
             out: a.out.join(&name),
             resume: false,
             stop_after: None,
+            comm: None,
+            profile: None,
         };
         let r = trainer::run(&cfg, &corpus, &opts, &mut |_| {})?;
         let bleu = r.bleu.as_ref().map_or(f64::NAN, |b| b.score);

@@ -1,6 +1,7 @@
 //! One module per `gshard` subcommand.
 
 pub mod bench;
+pub mod bench_comm;
 pub mod bleu;
 pub mod compare;
 pub mod data;

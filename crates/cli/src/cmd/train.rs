@@ -3,9 +3,15 @@
 //! minutes with a progress bar, then prints a report (dev loss, BLEU, expert load) and leaves
 //! a run directory: config.toml, metrics.jsonl, checkpoint.safetensors, tokenizer.json,
 //! loss.png, expert_load.png, dev.hyp / dev.ref.
+//!
+//! `mpirun -np N gshard train --backend mpi` trains the same model with one device per rank
+//! (N = the mesh's device count): rank 0 builds or loads the corpus and shares it, trains the
+//! tokenizer, prints progress and the report and writes every file; all ranks step together.
 
+use crate::backend::{self, BackendArgs, Mpi};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use runtime::Communicator;
 use std::path::{Path, PathBuf};
 use train::config::TrainConfig;
 use train::data::Corpus;
@@ -37,6 +43,15 @@ pub struct Args {
     /// Seed.
     #[arg(long)]
     seed: Option<u64>,
+    /// Write a Chrome trace (Perfetto: one track per device, every op and collective) of a
+    /// few steps after the first to this file.
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
+    /// How many steps `--profile` traces.
+    #[arg(long, default_value_t = 3, requires = "profile")]
+    profile_steps: u64,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 /// Read the config file (if any) and apply the command-line overrides.
@@ -88,7 +103,44 @@ pub fn ensure_corpus(dir: &str) -> Result<Corpus> {
     Corpus::load(path).with_context(|| format!("loading the corpus from {dir}"))
 }
 
+/// Test hook for the MPI fault tests: `GSHARD_TEST_HANG=RANK:STEP` makes that rank stop
+/// answering after that step (as a hung peer would), so the others' watchdog must end the job.
+fn hang_injection(mpi: &Mpi) -> Option<u64> {
+    let v = std::env::var("GSHARD_TEST_HANG").ok()?;
+    let (rank, step) = v.split_once(':')?;
+    let me = mpi.as_ref().map_or(0, |c| c.rank());
+    (rank.parse::<usize>().ok()? == me).then(|| step.parse().ok())?
+}
+
+/// The corpus on every rank: rank 0 builds (if absent) and loads it, then shares it.
+fn shared_corpus(dir: &str, mpi: &Mpi) -> Result<Corpus> {
+    let Some(comm) = mpi else {
+        return ensure_corpus(dir);
+    };
+    let local = if comm.rank() == 0 {
+        Some(ensure_corpus(dir))
+    } else {
+        None
+    };
+    // Rank 0 shares an empty buffer if it failed, so nobody waits; its error comes after.
+    let mine = match &local {
+        Some(Ok(c)) => c.to_bytes(),
+        _ => Vec::new(),
+    };
+    let mut all = comm.all_gather_bytes(mine)?;
+    match local {
+        Some(c) => c,
+        None if all[0].is_empty() => bail!("rank 0 could not load the corpus"),
+        None => Ok(Corpus::from_bytes(&all.swap_remove(0))?),
+    }
+}
+
 pub fn main(a: Args) -> Result<()> {
+    let b = a.backend.clone();
+    backend::with_backend(&b, |mpi| train_main(a, mpi))
+}
+
+fn train_main(a: Args, mpi: Mpi) -> Result<()> {
     let mut cfg = load_config(a.config.as_deref())?;
     if let Some(s) = a.steps {
         cfg.steps = s;
@@ -101,21 +153,57 @@ pub fn main(a: Args) -> Result<()> {
     }
     apply_mesh(&mut cfg, a.devices, a.mesh.as_deref())?;
     cfg.validate()?;
-    let corpus = ensure_corpus(&cfg.data.dir)?;
+    if let Some(comm) = &mpi {
+        if cfg.devices() != comm.size() {
+            bail!(
+                "the mesh data={} x expert={} has {} devices but mpirun started {} ranks; launch `mpirun -np {}` or pass --mesh/--devices to match",
+                cfg.mesh.data,
+                cfg.mesh.expert,
+                cfg.devices(),
+                comm.size(),
+                cfg.devices()
+            );
+        }
+        runtime::comm::check_consistent(
+            comm.as_ref(),
+            "training configuration",
+            cfg.to_toml().as_bytes(),
+        )?;
+    }
+    let root = backend::is_root(&mpi);
+    let corpus = shared_corpus(&cfg.data.dir, &mpi)?;
     let opts = RunOptions {
         out: a.out.clone(),
         resume: a.resume,
         stop_after: None,
+        comm: backend::as_comm(&mpi),
+        profile: a.profile.clone().map(|p| (p, a.profile_steps.max(1))),
     };
-    let bar = ProgressBar::new(cfg.steps);
+    let bar = if root {
+        ProgressBar::new(cfg.steps)
+    } else {
+        ProgressBar::hidden()
+    };
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
             .expect("valid template"),
     );
     // Without a terminal (CI, a log file) the bar hides itself: print plain lines instead.
-    let plain = bar.is_hidden();
+    let plain = root && bar.is_hidden();
+    let quiet = !root;
+    let hang_at = hang_injection(&mpi);
     let log_every = cfg.log_every.max(1);
     let mut on = |e: Event| match e {
+        Event::Step { step, .. } if hang_at == Some(step) => {
+            eprintln!(
+                "rank {}: GSHARD_TEST_HANG: hanging after step {step}",
+                mpi.as_ref().map_or(0, |c| c.rank())
+            );
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+        _ if quiet => {}
         Event::Status(s) if plain => eprintln!("- {s}"),
         Event::Status(s) => bar.println(format!("- {s}")),
         Event::Started { first_step, .. } => bar.set_position(first_step),
@@ -142,7 +230,16 @@ pub fn main(a: Args) -> Result<()> {
     };
     let report = trainer::run(&cfg, &corpus, &opts, &mut on)?;
     bar.finish_and_clear();
-    print_report(&cfg, &report, &a.out);
+    if root {
+        print_report(&cfg, &report, &a.out);
+        if let Some(p) = &a.profile {
+            println!(
+                "  wrote a Chrome trace of {} steps to {}",
+                a.profile_steps.max(1),
+                p.display()
+            );
+        }
+    }
     Ok(())
 }
 

@@ -183,6 +183,62 @@ impl Corpus {
         Ok(Corpus { langs })
     }
 
+    /// The whole corpus as bytes (one `lang, split, origin, english, source` line per pair,
+    /// tab-separated, in order), to share it between processes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = String::new();
+        for (lang, ld) in &self.langs {
+            for (split, pairs) in [("train", &ld.train), ("dev", &ld.dev), ("test", &ld.test)] {
+                for p in pairs {
+                    for col in [lang.as_str(), split, &p.origin, &p.english, &p.source] {
+                        out.push_str(col);
+                        out.push('\t');
+                    }
+                    out.pop();
+                    out.push('\n');
+                }
+            }
+        }
+        out.into_bytes()
+    }
+
+    /// The corpus [`Corpus::to_bytes`] wrote (same pairs, splits and order).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Corpus> {
+        let text = String::from_utf8_lossy(bytes);
+        let mut langs: BTreeMap<String, LangData> = BTreeMap::new();
+        let mut interned: HashMap<String, Arc<str>> = HashMap::new();
+        let mut arc = |s: &str| -> Arc<str> {
+            interned
+                .entry(s.to_string())
+                .or_insert_with(|| Arc::from(s))
+                .clone()
+        };
+        for (i, line) in text.lines().enumerate() {
+            let bad = |reason: String| DataError::BadTsv {
+                path: PathBuf::from("<shared corpus>"),
+                line: i + 1,
+                reason,
+            };
+            let cols: Vec<&str> = line.splitn(5, '\t').collect();
+            let [lang, split, origin, english, source] = cols[..] else {
+                return Err(bad("expected 5 tab-separated columns".into()));
+            };
+            let split: Split = split.parse().map_err(bad)?;
+            let pair = Pair {
+                lang: arc(lang),
+                origin: arc(origin),
+                english: english.to_string(),
+                source: source.to_string(),
+            };
+            langs
+                .entry(lang.to_string())
+                .or_default()
+                .split_mut(split)
+                .push(pair);
+        }
+        Ok(Corpus { langs })
+    }
+
     /// A corpus from pairs (grouped by their `lang` and the split of their English side).
     pub fn from_pairs(pairs: impl IntoIterator<Item = Pair>) -> Corpus {
         let mut langs: BTreeMap<String, LangData> = BTreeMap::new();

@@ -1,0 +1,93 @@
+//! The `--backend` flags, defined once: where the devices of a partitioned program run.
+//! `inprocess` (default) runs every mesh position as a task in this process; `mpi` runs one
+//! position per MPI rank (launch with `mpirun -np N gshard ... --backend mpi`).
+//!
+//! [`with_backend`] owns the MPI lifetime: it initialises MPI, runs the command, and on an
+//! error prints it with the rank and ends every rank (MPI_Abort) instead of returning, since
+//! a rank that just exited would leave its peers waiting in a collective.
+
+use anyhow::Result;
+use runtime::Communicator;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Transports for the devices of a partitioned program.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// Every device in this process (threads on one rayon pool).
+    #[default]
+    Inprocess,
+    /// One device per MPI rank: `mpirun -np N gshard ... --backend mpi`.
+    Mpi,
+}
+
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct BackendArgs {
+    /// Where the devices run: `inprocess`, or `mpi` (one device per rank, under mpirun).
+    #[arg(long, value_enum, default_value_t = Backend::Inprocess)]
+    pub backend: Backend,
+    /// MPI backend: abort every rank when a collective waits longer than this many seconds
+    /// for its peers (a rank hung or died).
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub peer_timeout: u64,
+}
+
+/// What a command gets from [`with_backend`]: the MPI communicator, or `None` for the
+/// in-process backend.
+pub type Mpi = Option<Arc<runtime_mpi::MpiComm>>;
+
+/// Run `f` on the chosen backend. With MPI, an error is printed (with the rank) and ends the
+/// whole job with exit code 2 through MPI_Abort.
+pub fn with_backend(args: &BackendArgs, f: impl FnOnce(Mpi) -> Result<()>) -> Result<()> {
+    match args.backend {
+        Backend::Inprocess => f(None),
+        Backend::Mpi => {
+            let comm = Arc::new(runtime_mpi::init(runtime_mpi::Options {
+                peer_timeout: Duration::from_secs(args.peer_timeout.max(1)),
+            })?);
+            let (rank, size) = (comm.rank(), comm.size());
+            // Ranks on one machine share its cores: give each rank's kernels its share
+            // (DEPENDENCIES.md section 2), unless RAYON_NUM_THREADS says otherwise.
+            if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let threads = (cores / comm.local_ranks()).max(1);
+                // Fails only if the pool already started; then it keeps its size.
+                let _ = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build_global();
+            }
+            match f(Some(comm.clone())) {
+                Ok(()) => {
+                    drop(comm);
+                    Ok(())
+                }
+                Err(e) if size > 1 => {
+                    let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+                    eprintln!(
+                        "error: rank {rank} of {size}: {}",
+                        msg.join(": ").replace('\n', " ")
+                    );
+                    runtime_mpi::abort(2)
+                }
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
+/// The communicator as the executor's trait object.
+pub fn as_comm(mpi: &Mpi) -> Option<Arc<dyn Communicator>> {
+    mpi.as_ref().map(|c| c.clone() as Arc<dyn Communicator>)
+}
+
+/// Whether this process prints and writes files (the only process, or MPI rank 0).
+pub fn is_root(mpi: &Mpi) -> bool {
+    mpi.as_ref().is_none_or(|c| c.process_index() == 0)
+}
+
+/// A fingerprint (SHA-256) of a partitioned program's text, mesh included, that every rank
+/// must share.
+pub fn fingerprint(p: &ir::Program) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(p.to_string().as_bytes()).to_vec()
+}

@@ -1,0 +1,634 @@
+//! The MPI communicator: one mesh position per rank; every collective is one or two
+//! `MPI_Alltoallv`/`MPI_Allgatherv` calls on a sub-communicator of the replica group
+//! (created once per mesh and axis set with `MPI_Comm_split`, keyed by the rank in the group
+//! so that sub-communicator rank = group rank), under a watchdog.
+
+use crate::{MpiError, Options};
+use ir::{Mesh, Op};
+use mpi::datatype::Partition;
+use mpi::datatype::PartitionMut;
+use mpi::environment::Universe;
+use mpi::topology::{Color, SimpleCommunicator};
+use mpi::traits::{Communicator as _, CommunicatorCollectives as _};
+use mpi::Threading;
+use runtime::comm::{move_block, reduce_group, take_block};
+use runtime::{CommError, Communicator, Data, HostTensor};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Raw MPI state. Field order is drop order: sub-communicators are freed before the
+/// universe finalizes MPI.
+struct State {
+    /// (mesh text, axes) -> (sub-communicator, rank in group, group size).
+    groups: HashMap<(String, Vec<String>), (SimpleCommunicator, usize, usize)>,
+    world: SimpleCommunicator,
+    _universe: Universe,
+}
+
+// SAFETY: MPI is initialised with MPI_THREAD_MULTIPLE (checked in `init`), so its handles may
+// be used from any thread; `State` is only reached through a `Mutex`, one call at a time.
+unsafe impl Send for State {}
+
+/// What the watchdog watches: the collective in flight and when it started.
+struct Watch {
+    inflight: Mutex<Option<(Instant, String)>>,
+    stop: AtomicBool,
+    timeout: Duration,
+    rank: usize,
+}
+
+/// Clears the watch when the collective returns.
+struct Guard<'a>(&'a Watch);
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        *self.0.inflight.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+impl Watch {
+    fn guard(&self, what: String) -> Guard<'_> {
+        *self.inflight.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), what));
+        Guard(self)
+    }
+
+    fn run(self: Arc<Watch>) {
+        while !self.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(200));
+            let late = self
+                .inflight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .filter(|(t, _)| t.elapsed() > self.timeout)
+                .map(|(_, what)| what.clone());
+            if let Some(what) = late {
+                eprintln!(
+                    "error: rank {}: {what} waited more than {} s for its peers: a rank died or hangs; aborting every rank (raise --peer-timeout if a peer is legitimately slow)",
+                    self.rank,
+                    self.timeout.as_secs()
+                );
+                abort(3);
+            }
+        }
+    }
+}
+
+/// A communicator over `MPI_COMM_WORLD`: this process runs mesh position `rank`.
+pub struct MpiComm {
+    state: Mutex<State>,
+    watch: Arc<Watch>,
+    thread: Option<JoinHandle<()>>,
+    rank: usize,
+    size: usize,
+    local_ranks: usize,
+}
+
+/// Initialise MPI (MPI_THREAD_MULTIPLE) and start the watchdog.
+pub fn init(opts: Options) -> Result<MpiComm, MpiError> {
+    let (universe, level) =
+        mpi::initialize_with_threading(Threading::Multiple).ok_or(MpiError::Init)?;
+    if level < Threading::Serialized {
+        return Err(MpiError::Threading(format!("{level:?}")));
+    }
+    let world = universe.world();
+    let (rank, size) = (world.rank() as usize, world.size() as usize);
+    // Ranks sharing this machine (they share its cores).
+    let local_ranks = world.split_shared(rank as i32).size().max(1) as usize;
+    let watch = Arc::new(Watch {
+        inflight: Mutex::new(None),
+        stop: AtomicBool::new(false),
+        timeout: opts.peer_timeout,
+        rank,
+    });
+    let w = watch.clone();
+    let thread = std::thread::Builder::new()
+        .name("gshard-mpi-watchdog".into())
+        .spawn(move || w.run())
+        .ok();
+    Ok(MpiComm {
+        state: Mutex::new(State {
+            groups: HashMap::new(),
+            world,
+            _universe: universe,
+        }),
+        watch,
+        thread,
+        rank,
+        size,
+        local_ranks,
+    })
+}
+
+/// Whether MPI is initialised and not yet finalised in this process.
+pub fn active() -> bool {
+    mpi::environment::is_initialized() && !mpi::environment::is_finalized()
+}
+
+/// End every rank of the job with exit code `code` (MPI_Abort), or just this process when
+/// MPI is not active.
+pub fn abort(code: i32) -> ! {
+    if active() {
+        use mpi::traits::Communicator as _;
+        SimpleCommunicator::world().abort(code)
+    }
+    std::process::exit(code)
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        self.watch.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `n` items as MPI counts (i32), or an error naming the limit.
+fn count(n: usize, what: &str) -> Result<i32, String> {
+    i32::try_from(n).map_err(|_| {
+        format!("{what}: {n} bytes in one message exceed MPI's 2^31-1 count; use more devices or smaller tensors")
+    })
+}
+
+/// A buffer MPI can be given even when empty. An empty `Vec`'s pointer is dangling, and
+/// OpenMPI's `MPI_IN_PLACE` is `(void*)1`, which is exactly the dangling pointer of an empty
+/// `Vec<u8>`: passed as is, an empty buffer would be taken for "in place".
+fn real(mut v: Vec<u8>) -> Vec<u8> {
+    if v.capacity() == 0 {
+        v.reserve(1);
+    }
+    v
+}
+
+/// [`real`] for borrowed bytes: an empty slice becomes an empty slice of a static.
+fn real_slice(s: &[u8]) -> &[u8] {
+    static PAD: [u8; 1] = [0];
+    if s.is_empty() {
+        &PAD[..0]
+    } else {
+        s
+    }
+}
+
+/// Whether blocks along `dim` of `shape` are contiguous runs of memory (every dim before it
+/// has size 1), so the k blocks are the buffer's k consecutive slices.
+fn outermost(shape: &[usize], dim: usize) -> bool {
+    shape[..dim].iter().all(|&s| s == 1)
+}
+
+/// The k blocks along `dim` back to back: the buffer itself when they are contiguous.
+fn blocks_along<'a>(x: &'a Data, shape: &[usize], dim: usize, k: usize) -> Cow<'a, [u8]> {
+    if outermost(shape, dim) {
+        return x.as_bytes();
+    }
+    let m = shape[dim] / k;
+    let mut send = Vec::with_capacity(x.len() * x.dtype().size_bytes());
+    for j in 0..k {
+        send.extend_from_slice(&take_block(x, shape, dim, j * m, m).as_bytes());
+    }
+    Cow::Owned(send)
+}
+
+fn prefix(counts: &[i32]) -> Vec<i32> {
+    let mut at = 0;
+    counts
+        .iter()
+        .map(|&c| {
+            let d = at;
+            at += c;
+            d
+        })
+        .collect()
+}
+
+/// Byte counts as MPI counts (i32), or an error naming the limit.
+fn counts(v: &[usize], what: &str) -> Result<Vec<i32>, String> {
+    v.iter().map(|&n| count(n, what)).collect()
+}
+
+/// `MPI_Alltoallv` of bytes: `send` holds the pieces for ranks 0..k back to back
+/// (`scounts`); the pieces received from ranks 0..k land back to back in `recv`
+/// (`rcounts`, which must add up to its length).
+fn exchange_into(
+    c: &SimpleCommunicator,
+    send: &[u8],
+    scounts: &[usize],
+    rcounts: &[usize],
+    recv: &mut [u8],
+) -> Result<(), String> {
+    count(send.len(), "send buffer")?;
+    count(recv.len(), "receive buffer")?;
+    let (sc, rc) = (
+        counts(scounts, "send piece")?,
+        counts(rcounts, "receive piece")?,
+    );
+    let (sd, rd) = (prefix(&sc), prefix(&rc));
+    let sp = Partition::new(real_slice(send), &sc[..], &sd[..]);
+    let mut rp = PartitionMut::new(recv, &rc[..], &rd[..]);
+    c.all_to_all_varcount_into(&sp, &mut rp);
+    Ok(())
+}
+
+/// `MPI_Allgatherv` of bytes: every rank's `mine` (of `counts[j]` bytes) back to back in
+/// `recv`.
+fn gather_into(
+    c: &SimpleCommunicator,
+    mine: &[u8],
+    piece_counts: &[usize],
+    recv: &mut [u8],
+) -> Result<(), String> {
+    count(recv.len(), "gather buffer")?;
+    let rc = counts(piece_counts, "gathered piece")?;
+    let rd = prefix(&rc);
+    let mut rp = PartitionMut::new(recv, &rc[..], &rd[..]);
+    c.all_gather_varcount_into(real_slice(mine), &mut rp);
+    Ok(())
+}
+
+/// [`exchange_into`] a new byte buffer.
+fn exchange(
+    c: &SimpleCommunicator,
+    send: &[u8],
+    scounts: &[usize],
+    rcounts: &[usize],
+) -> Result<Vec<u8>, String> {
+    let mut recv = real(vec![0u8; rcounts.iter().sum()]);
+    exchange_into(c, send, scounts, rcounts, &mut recv)?;
+    Ok(recv)
+}
+
+/// [`gather_into`] a new byte buffer.
+fn gather_all(
+    c: &SimpleCommunicator,
+    mine: &[u8],
+    piece_counts: &[usize],
+) -> Result<Vec<u8>, String> {
+    let mut recv = real(vec![0u8; piece_counts.iter().sum()]);
+    gather_into(c, mine, piece_counts, &mut recv)?;
+    Ok(recv)
+}
+
+/// A receive into `n` elements of `dtype`: straight into the typed buffer (no copy), or
+/// through bytes for bool. A zero-length buffer gets one padding element (see [`real`]).
+fn typed(
+    dtype: ir::DType,
+    n: usize,
+    recv: impl FnOnce(&mut [u8]) -> Result<(), String>,
+) -> Result<Data, String> {
+    let mut out = runtime::kernels::zeros(dtype, n.max(1));
+    match out.as_bytes_mut() {
+        Some(bytes) => recv(&mut bytes[..n * dtype.size_bytes()])?,
+        None => {
+            let mut bytes = real(vec![0u8; n * dtype.size_bytes()]);
+            recv(&mut bytes)?;
+            out = Data::from_bytes(dtype, &bytes).expect("whole elements");
+        }
+    }
+    truncate(&mut out, n);
+    Ok(out)
+}
+
+/// Drop the padding element of a zero-length typed buffer.
+fn truncate(d: &mut Data, n: usize) {
+    match d {
+        Data::F32(v) => v.truncate(n),
+        Data::F64(v) => v.truncate(n),
+        Data::BF16(v) => v.truncate(n),
+        Data::I32(v) => v.truncate(n),
+        Data::Bool(v) => v.truncate(n),
+    }
+}
+
+/// Split `bytes` into consecutive pieces of `lens` bytes, decoded as `dtype`.
+fn pieces(bytes: &[u8], lens: &[usize], dtype: ir::DType) -> Vec<Data> {
+    let mut at = 0;
+    lens.iter()
+        .map(|&n| {
+            let d = Data::from_bytes(dtype, &bytes[at..at + n]).expect("whole elements");
+            at += n;
+            d
+        })
+        .collect()
+}
+
+impl MpiComm {
+    /// This process's rank in `MPI_COMM_WORLD` (= the mesh position it runs).
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Number of ranks on this machine (including this one).
+    pub fn local_ranks(&self) -> usize {
+        self.local_ranks
+    }
+
+    /// "rank r of n on HOST (LIBRARY)", for logs.
+    pub fn describe(&self) -> String {
+        let host = mpi::environment::processor_name().unwrap_or_else(|_| "?".into());
+        let lib = mpi::environment::library_version()
+            .unwrap_or_default()
+            .trim_end_matches('\0')
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        format!("rank {} of {} on {host} ({lib})", self.rank, self.size)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl State {
+    /// The sub-communicator of this rank's replica group over `axes`, its rank in it and the
+    /// group size (created on first use; every rank reaches the same collectives in the
+    /// same order, so the collective `MPI_Comm_split` calls match up).
+    fn group(
+        &mut self,
+        mesh: &Mesh,
+        axes: &[String],
+        rank: usize,
+    ) -> Result<(&SimpleCommunicator, usize, usize), String> {
+        let key = (mesh.to_string(), axes.to_vec());
+        if !self.groups.contains_key(&key) {
+            let groups = mesh.groups(axes);
+            let (gi, r) = groups
+                .iter()
+                .enumerate()
+                .find_map(|(gi, g)| g.iter().position(|&p| p == rank).map(|r| (gi, r)))
+                .ok_or_else(|| format!("rank {rank} is in no replica group of {mesh}"))?;
+            let k = groups[gi].len();
+            let c = self
+                .world
+                .split_by_color_with_key(Color::with_value(gi as i32), r as i32)
+                .ok_or("MPI_Comm_split returned no communicator")?;
+            self.groups.insert(key.clone(), (c, r, k));
+        }
+        let (c, r, k) = &self.groups[&key];
+        Ok((c, *r, *k))
+    }
+}
+
+impl Communicator for MpiComm {
+    fn local_positions(&self) -> Vec<usize> {
+        vec![self.rank]
+    }
+
+    fn process_index(&self) -> usize {
+        self.rank
+    }
+
+    fn num_processes(&self) -> usize {
+        self.size
+    }
+
+    fn collective(
+        &self,
+        index: usize,
+        op: &Op,
+        mesh: &Mesh,
+        mut local: Vec<HostTensor>,
+    ) -> Result<Vec<HostTensor>, CommError> {
+        let fail = |msg: String| CommError::Failed {
+            index,
+            op: op.name().into(),
+            msg,
+        };
+        if mesh.num_devices() != self.size {
+            return Err(fail(format!(
+                "the mesh {mesh} has {} devices but the job has {} MPI ranks; launch with `mpirun -np {}` (one device per rank)",
+                mesh.num_devices(),
+                self.size,
+                mesh.num_devices()
+            )));
+        }
+        if local.len() != 1 {
+            return Err(fail(format!(
+                "{} device buffers on one rank; the MPI backend runs one device per rank",
+                local.len()
+            )));
+        }
+        let axes = op
+            .collective_axes()
+            .ok_or_else(|| fail("not a collective".into()))?
+            .to_vec();
+        let x = local.remove(0);
+        let ty = x.ty.clone();
+        let shape = ty.shape.clone();
+        let w = ty.dtype.size_bytes();
+        let mut st = self.lock();
+        let (c, r, k) = st.group(mesh, &axes, self.rank).map_err(fail)?;
+        let _watch = self
+            .watch
+            .guard(format!("{} at instruction %{index}", op.name()));
+        let out = match op {
+            Op::AllReduce { op: red, .. } => {
+                let n = x.data.len();
+                let bounds: Vec<(usize, usize)> =
+                    (0..k).map(|j| (j * n / k, (j + 1) * n / k)).collect();
+                let sizes: Vec<usize> = bounds.iter().map(|(a, b)| (b - a) * w).collect();
+                let (a, b) = bounds[r];
+                // Reduce-scatter: chunk j to rank j; reduce the k copies of chunk r in rank
+                // order.
+                let got =
+                    exchange(c, &x.data.as_bytes(), &sizes, &vec![(b - a) * w; k]).map_err(fail)?;
+                let parts = pieces(&got, &vec![(b - a) * w; k], ty.dtype);
+                let refs: Vec<&Data> = parts.iter().collect();
+                let mine = reduce_group(&refs, *red);
+                // All-gather of the reduced chunks.
+                let data = typed(ty.dtype, n, |r| gather_into(c, &mine.as_bytes(), &sizes, r))
+                    .map_err(fail)?;
+                HostTensor {
+                    ty: ty.clone(),
+                    data,
+                }
+            }
+            Op::ReduceScatter { dim, op: red, .. } => {
+                let m = shape[*dim] / k;
+                let mut os = shape.clone();
+                os[*dim] = m;
+                let piece = os.iter().product::<usize>() * w;
+                let send = blocks_along(&x.data, &shape, *dim, k);
+                let got = exchange(c, &send, &vec![piece; k], &vec![piece; k]).map_err(fail)?;
+                let parts = pieces(&got, &vec![piece; k], ty.dtype);
+                let refs: Vec<&Data> = parts.iter().collect();
+                HostTensor {
+                    ty: ty.with_shape(os),
+                    data: reduce_group(&refs, *red),
+                }
+            }
+            Op::AllGather { dim, .. } => {
+                let piece = x.data.len() * w;
+                let mut os = shape.clone();
+                os[*dim] *= k;
+                let data = if outermost(&shape, *dim) {
+                    // Blocks along the outermost non-trivial dim: the gather order is the
+                    // layout.
+                    typed(ty.dtype, x.data.len() * k, |r| {
+                        gather_into(c, &x.data.as_bytes(), &vec![piece; k], r)
+                    })
+                    .map_err(fail)?
+                } else {
+                    let all = gather_all(c, &x.data.as_bytes(), &vec![piece; k]).map_err(fail)?;
+                    let mut out = runtime::kernels::zeros(ty.dtype, os.iter().product());
+                    for (j, p) in pieces(&all, &vec![piece; k], ty.dtype).iter().enumerate() {
+                        move_block(
+                            p,
+                            &shape,
+                            *dim,
+                            0,
+                            shape[*dim],
+                            &mut out,
+                            &os,
+                            *dim,
+                            j * shape[*dim],
+                        );
+                    }
+                    out
+                };
+                HostTensor {
+                    ty: ty.with_shape(os),
+                    data,
+                }
+            }
+            Op::AllToAll {
+                split_dim,
+                concat_dim,
+                ..
+            } => {
+                let m = shape[*split_dim] / k;
+                let mut bs = shape.clone();
+                bs[*split_dim] = m;
+                let piece = bs.iter().product::<usize>() * w;
+                let send = blocks_along(&x.data, &shape, *split_dim, k);
+                let mut os = bs.clone();
+                os[*concat_dim] *= k;
+                let cl = bs[*concat_dim];
+                let counts = vec![piece; k];
+                let out = if outermost(&bs, *concat_dim) {
+                    // Blocks from ranks 0..k land back to back: the receive order is the layout.
+                    typed(ty.dtype, x.data.len(), |r| {
+                        exchange_into(c, &send, &counts, &counts, r)
+                    })
+                    .map_err(fail)?
+                } else {
+                    let got = exchange(c, &send, &counts, &counts).map_err(fail)?;
+                    let mut out = runtime::kernels::zeros(ty.dtype, os.iter().product());
+                    for (j, p) in pieces(&got, &vec![piece; k], ty.dtype).iter().enumerate() {
+                        move_block(
+                            p,
+                            &bs,
+                            *concat_dim,
+                            0,
+                            cl,
+                            &mut out,
+                            &os,
+                            *concat_dim,
+                            j * cl,
+                        );
+                    }
+                    out
+                };
+                HostTensor {
+                    ty: ty.with_shape(os),
+                    data: out,
+                }
+            }
+            Op::CollectivePermute { pairs, .. } => {
+                // Receiver d takes the first pair naming it (the in-process rule), so a
+                // source sends only along the pair that will be taken.
+                let first_src = |d: usize| pairs.iter().find(|&&(_, dst)| dst == d).map(|p| p.0);
+                let bytes = x.data.as_bytes();
+                let mut scounts = vec![0; k];
+                let mut send = Vec::new();
+                for (d, sc) in scounts.iter_mut().enumerate() {
+                    if first_src(d) == Some(r) {
+                        *sc = bytes.len();
+                        send.extend_from_slice(&bytes);
+                    }
+                }
+                let mut rcounts = vec![0; k];
+                if let Some(s) = first_src(r) {
+                    rcounts[s] = bytes.len();
+                }
+                let got = exchange(c, &send, &scounts, &rcounts).map_err(fail)?;
+                let data = if got.is_empty() && !bytes.is_empty() {
+                    runtime::kernels::zeros(ty.dtype, x.data.len())
+                } else {
+                    Data::from_bytes(ty.dtype, &got).expect("whole elements")
+                };
+                HostTensor {
+                    ty: ty.clone(),
+                    data,
+                }
+            }
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Iota { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert
+            | Op::StopGradient
+            | Op::Copy
+            | Op::Broadcast { .. }
+            | Op::Reshape
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Pad { .. }
+            | Op::Concatenate { .. }
+            | Op::Reduce { .. }
+            | Op::DotGeneral(_)
+            | Op::Conv { .. }
+            | Op::Reverse { .. }
+            | Op::Cumsum { .. }
+            | Op::Argmax { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::Rng { .. }
+            | Op::PartitionId => return Err(fail("not a collective".into())),
+        };
+        Ok(vec![out])
+    }
+
+    fn all_gather_bytes(&self, mine: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
+        let fail = |msg: String| CommError::Failed {
+            index: 0,
+            op: "all-gather of bytes".into(),
+            msg,
+        };
+        let st = self.lock();
+        let _watch = self
+            .watch
+            .guard("an exchange of start-up data or outputs".into());
+        let mut sizes = vec![0u64; self.size];
+        st.world
+            .all_gather_into(&(mine.len() as u64), &mut sizes[..]);
+        let lens: Vec<usize> = sizes.iter().map(|&s| s as usize).collect();
+        let all = gather_all(&st.world, &mine, &lens).map_err(fail)?;
+        let mut at = 0;
+        Ok(lens
+            .iter()
+            .map(|&n| {
+                let p = all[at..at + n].to_vec();
+                at += n;
+                p
+            })
+            .collect())
+    }
+}
