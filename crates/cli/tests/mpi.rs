@@ -1,7 +1,8 @@
 //! The MPI backend through the binary and `mpirun` (built with `--features mpi`): `mpirun -np
 //! 4 gshard run --backend mpi` gives bitwise the same outputs as `--devices 4` in one process
 //! for a MoE layer with its gradients, and `mpirun -np 4 gshard train --backend mpi` gives
-//! bitwise the same losses and checkpoint as the in-process run after 5 steps (reductions
+//! bitwise the same losses and checkpoint as the in-process run after 5 steps, and a
+//! spatially split convolution (halo exchange by collective-permute) matches too (reductions
 //! run in the same rank order on both backends, so no tolerance is needed). Faults: a rank
 //! killed mid-run, and a rank that hangs, end the whole job with an error in under 30 s;
 //! ranks launched with different programs, or a mesh that does not match the rank count,
@@ -258,6 +259,29 @@ fn mpi_moe_layer_equals_in_process_bitwise() {
         "mpirun over tcp",
     );
     assert_bitwise_equal(&dir.join("inprocess-random.safetensors"), &tcp);
+}
+
+#[test]
+fn mpi_conv_halo_exchange_equals_in_process_bitwise() {
+    if !mpi_ready("mpi_conv_halo_exchange_equals_in_process_bitwise") {
+        return;
+    }
+    let dir = tmp("conv");
+    let prog = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/conv_halo.gsir");
+    let p = prog.to_str().unwrap();
+    let inputs = dir.join("in.safetensors");
+    let i = inputs.to_str().unwrap();
+    gshard(&["init", p, "--out", i]);
+    let (a, b) = (dir.join("a.safetensors"), dir.join("b.safetensors"));
+    gshard(&["run", p, "--inputs", i, "--out", a.to_str().unwrap()]);
+    let mut c = mpirun(4);
+    c.args(["run", p, "--inputs", i, "--backend", "mpi", "--out"])
+        .arg(&b);
+    ok(
+        &run(c, Duration::from_secs(120), "mpirun conv"),
+        "mpirun conv",
+    );
+    assert_bitwise_equal(&a, &b);
 }
 
 #[test]
