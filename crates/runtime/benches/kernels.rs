@@ -1,4 +1,4 @@
-//! Criterion benches of the executor's key kernels on MoE-layer shapes: the expert GEMMs
+//! Criterion benches of the executor's key kernels: dense square GEMMs and the expert GEMMs
 //! (one thread and the batched pool), the one-hot dispatch einsum (sparse path), a
 //! transpose of the expert buffer, and fused elementwise chains (a softmax-like chain and
 //! the ReLU backward chain). Throughput is reported in elements or FLOPs.
@@ -40,7 +40,20 @@ fn bench_gemm(c: &mut Criterion) {
     g.sample_size(10);
     // Expert GEMMs of the MoE layer, 8 experts of [G*C=256, M=256] x [M, H=1024] and back,
     // plus the backward weight-gradient shape (lhs transposed).
-    let cases: [(&str, Vec<usize>, Vec<usize>, DotDims); 3] = [
+    let cases: [(&str, Vec<usize>, Vec<usize>, DotDims); 5] = [
+        // Dense GEMM-bound shapes: the per-thread rate against the core's FMA peak.
+        (
+            "square_512",
+            vec![512, 512],
+            vec![512, 512],
+            dd(vec![], vec![], vec![1], vec![0]),
+        ),
+        (
+            "square_1024",
+            vec![1024, 1024],
+            vec![1024, 1024],
+            dd(vec![], vec![], vec![1], vec![0]),
+        ),
         (
             "up_8x256x256x1024",
             vec![8, 256, 256],
