@@ -35,6 +35,21 @@ fn dd(lb: Vec<usize>, rb: Vec<usize>, lc: Vec<usize>, rc: Vec<usize>) -> DotDims
     }
 }
 
+/// `iters` rounds of 12 independent 8-lane FMA chains; returns a lane so nothing is elided.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chains(iters: usize) -> f32 {
+    use std::arch::x86_64::{_mm256_cvtss_f32, _mm256_fmadd_ps, _mm256_set1_ps};
+    let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for x in acc.iter_mut() {
+            *x = _mm256_fmadd_ps(*x, a, b);
+        }
+    }
+    acc.iter().map(|&x| _mm256_cvtss_f32(x)).sum()
+}
+
 fn bench_gemm(c: &mut Criterion) {
     let mut g = c.benchmark_group("gemm");
     g.sample_size(10);
@@ -89,6 +104,53 @@ fn bench_gemm(c: &mut Criterion) {
         });
         g.bench_function(format!("{name}/pool"), |b| {
             b.iter(|| dot(&plan, &ls, &l, &rs, &r, &mut out))
+        });
+    }
+    // The core's FMA peak today: 12 independent chains of 8-lane FMAs (AVX2+FMA).
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        const ITERS: usize = 1 << 20;
+        g.throughput(Throughput::Elements((ITERS * 12 * 8 * 2) as u64));
+        // SAFETY: AVX2 and FMA were detected just above.
+        g.bench_function("fma_peak/1thread", |bch| {
+            bch.iter(|| unsafe { fma_chains(std::hint::black_box(ITERS)) })
+        });
+    }
+    // The gemm crate called directly (row-major 512^3, one thread): the ceiling the dot
+    // kernel's square_512/1thread is judged against on the same machine and day.
+    {
+        let n = 512;
+        let (a, bm) = (data(n * n, 1), data(n * n, 2));
+        let mut c = vec![0.0f32; n * n];
+        g.throughput(Throughput::Elements(2 * (n * n * n) as u64));
+        g.bench_function("raw_gemm_crate_512/1thread", |bch| {
+            bch.iter(|| {
+                // SAFETY: three row-major n x n buffers of exactly n*n elements; strides
+                // (column 1, row n) stay inside them.
+                unsafe {
+                    gemm::gemm(
+                        n,
+                        n,
+                        n,
+                        c.as_mut_ptr(),
+                        1,
+                        n as isize,
+                        false,
+                        a.as_ptr(),
+                        1,
+                        n as isize,
+                        bm.as_ptr(),
+                        1,
+                        n as isize,
+                        0.0f32,
+                        1.0f32,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    )
+                }
+            })
         });
     }
     // The one-hot dispatch einsum GSEC,GSM->GECM (sparse lhs path), G=16 S=128 E=32 C=8 M=256.

@@ -499,8 +499,15 @@ fn dot_float<T: GemmFloat>(
             .into_par_iter()
             .for_each(|bb| one(bb, gemm::Parallelism::None));
     } else {
+        // One pool thread (a device thread, or an MPI rank's share): gemm's serial path,
+        // which skips the threading set-up its rayon path pays even for one thread.
+        let par = if threads == 1 {
+            gemm::Parallelism::None
+        } else {
+            gemm::Parallelism::Rayon(0)
+        };
         for bb in 0..b {
-            one(bb, gemm::Parallelism::Rayon(0));
+            one(bb, par);
         }
     }
     path
