@@ -852,21 +852,25 @@ pub fn run(
     if !resume {
         on(Event::Status("training the tokenizer"));
     }
-    let tok_json = share(comm.as_ref(), || {
-        let tok = if resume {
-            Tokenizer::load(rd.tokenizer())
+    let tok_err = |e: crate::tokenizer::TokenizerError| TrainError::Tokenizer(e.to_string());
+    // Process 0 loads or trains the tokenizer; with several processes it shares it as JSON.
+    let make_tok = || -> Result<Tokenizer, TrainError> {
+        if resume {
+            Tokenizer::load(rd.tokenizer()).map_err(tok_err)
         } else {
             let (_, tok) = tokenizer_for(cfg, corpus)?;
-            tok.save(rd.tokenizer()).map(|()| tok)
+            tok.save(rd.tokenizer()).map_err(tok_err)?;
+            Ok(tok)
         }
-        .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
-        Ok(tok
-            .to_json()
-            .map_err(|e| TrainError::Tokenizer(e.to_string()))?
-            .into_bytes())
-    })?;
-    let tok = Tokenizer::from_json(&String::from_utf8_lossy(&tok_json))
-        .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
+    };
+    let tok = if comm.num_processes() == 1 {
+        make_tok()?
+    } else {
+        let json = share(comm.as_ref(), || {
+            Ok(make_tok()?.to_json().map_err(tok_err)?.into_bytes())
+        })?;
+        Tokenizer::from_json(&String::from_utf8_lossy(&json)).map_err(tok_err)?
+    };
     let langs = if resume {
         tok.langs().to_vec()
     } else {
