@@ -11,7 +11,7 @@ use mpi::environment::Universe;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _};
 use mpi::Threading;
-use runtime::comm::{move_block, reduce_group, take_block};
+use runtime::comm::{move_block, reduce_stacked, take_block};
 use runtime::{CommError, Communicator, Data, HostTensor};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -442,11 +442,11 @@ impl Communicator for MpiComm {
                 let (a, b) = bounds[r];
                 // Reduce-scatter: chunk j to rank j; reduce the k copies of chunk r in rank
                 // order.
-                let got =
-                    exchange(c, &x.data.as_bytes(), &sizes, &vec![(b - a) * w; k]).map_err(fail)?;
-                let parts = pieces(&got, &vec![(b - a) * w; k], ty.dtype);
-                let refs: Vec<&Data> = parts.iter().collect();
-                let mine = reduce_group(&refs, *red);
+                let stacked = typed(ty.dtype, (b - a) * k, |recv| {
+                    exchange_into(c, &x.data.as_bytes(), &sizes, &vec![(b - a) * w; k], recv)
+                })
+                .map_err(fail)?;
+                let mine = reduce_stacked(&stacked, k, *red);
                 // All-gather of the reduced chunks.
                 let data = typed(ty.dtype, n, |r| gather_into(c, &mine.as_bytes(), &sizes, r))
                     .map_err(fail)?;
@@ -461,12 +461,14 @@ impl Communicator for MpiComm {
                 os[*dim] = m;
                 let piece = os.iter().product::<usize>() * w;
                 let send = blocks_along(&x.data, &shape, *dim, k);
-                let got = exchange(c, &send, &vec![piece; k], &vec![piece; k]).map_err(fail)?;
-                let parts = pieces(&got, &vec![piece; k], ty.dtype);
-                let refs: Vec<&Data> = parts.iter().collect();
+                let counts = vec![piece; k];
+                let stacked = typed(ty.dtype, x.data.len(), |recv| {
+                    exchange_into(c, &send, &counts, &counts, recv)
+                })
+                .map_err(fail)?;
                 HostTensor {
                     ty: ty.with_shape(os),
-                    data: reduce_group(&refs, *red),
+                    data: reduce_stacked(&stacked, k, *red),
                 }
             }
             Op::AllGather { dim, .. } => {

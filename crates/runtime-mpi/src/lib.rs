@@ -3,7 +3,8 @@
 //! same partitioned program as `--devices N` in one process, one mesh position per rank.
 //!
 //! Semantics are the in-process backend's, bit for bit: data-moving collectives are copies,
-//! and reductions are computed with [`runtime::comm::reduce_group`] over the group members'
+//! and reductions use the in-process arithmetic ([`runtime::comm::reduce_stacked`], the
+//! stacked form of `reduce_group`) over the group members'
 //! operands in rank order (f64 accumulation, one rounding), never with `MPI_Allreduce`,
 //! whose summation order is the library's choice. An all-reduce is a reduce-scatter (one
 //! `MPI_Alltoallv` of 1/k chunks, reduced locally in rank order) followed by an all-gather

@@ -168,54 +168,6 @@ pub fn wire_bytes(op: &Op, operand: &Type, k: usize) -> usize {
 /// once; i32 wrapping). Every backend reduces with this function, in this order, so results
 /// are bitwise the same whichever transport carried the operands.
 pub fn reduce_group(xs: &[&Data], op: ReduceOp) -> Data {
-    /// Elements per task: large enough to amortise scheduling, small enough to split a
-    /// megabyte buffer over the cores.
-    const CHUNK: usize = 1 << 14;
-    /// acc[i] = op(acc[i], x[i]) over every operand in order, chunk by chunk in parallel
-    /// (each element still sees the operands in rank order, so results do not depend on
-    /// the chunking).
-    fn float<T: Copy + Send + Sync>(
-        xs: &[&[T]],
-        op: ReduceOp,
-        widen: impl Fn(T) -> f64 + Sync,
-        narrow: impl Fn(f64) -> T + Sync,
-    ) -> Vec<T> {
-        let n = xs[0].len();
-        let mut out: Vec<T> = Vec::with_capacity(n);
-        out.spare_capacity_mut()
-            .par_chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(c, dst)| {
-                let lo = c * CHUNK;
-                let mut acc = vec![op.identity(); dst.len()];
-                for x in xs {
-                    let x = &x[lo..lo + dst.len()];
-                    match op {
-                        ReduceOp::Sum => {
-                            for (a, &v) in acc.iter_mut().zip(x) {
-                                *a += widen(v);
-                            }
-                        }
-                        ReduceOp::Max => {
-                            for (a, &v) in acc.iter_mut().zip(x) {
-                                *a = fmax(*a, widen(v));
-                            }
-                        }
-                        ReduceOp::Min => {
-                            for (a, &v) in acc.iter_mut().zip(x) {
-                                *a = fmin(*a, widen(v));
-                            }
-                        }
-                    }
-                }
-                for (d, a) in dst.iter_mut().zip(acc) {
-                    d.write(narrow(a));
-                }
-            });
-        // SAFETY: the chunks above cover all `n` spare elements and each was written once.
-        unsafe { out.set_len(n) };
-        out
-    }
     macro_rules! slices {
         ($var:ident) => {
             xs.iter()
@@ -227,32 +179,109 @@ pub fn reduce_group(xs: &[&Data], op: ReduceOp) -> Data {
         };
     }
     match xs[0] {
-        Data::F32(_) => Data::F32(float(&slices!(F32), op, |v| v as f64, |a| a as f32)),
-        Data::F64(_) => Data::F64(float(&slices!(F64), op, |v| v, |a| a)),
-        Data::BF16(_) => Data::BF16(float(&slices!(BF16), op, |v| v.to_f64(), f64_to_bf16)),
-        Data::I32(_) => {
-            let xs = slices!(I32);
-            let mut acc = vec![
-                match op {
-                    ReduceOp::Sum => 0,
-                    ReduceOp::Max => i32::MIN,
-                    ReduceOp::Min => i32::MAX,
-                };
-                xs[0].len()
-            ];
-            for x in xs {
-                for (a, &v) in acc.iter_mut().zip(x) {
-                    *a = match op {
-                        ReduceOp::Sum => a.wrapping_add(v),
-                        ReduceOp::Max => (*a).max(v),
-                        ReduceOp::Min => (*a).min(v),
-                    };
-                }
-            }
-            Data::I32(acc)
-        }
+        Data::F32(_) => Data::F32(reduce_float(&slices!(F32), op, |v| v as f64, |a| a as f32)),
+        Data::F64(_) => Data::F64(reduce_float(&slices!(F64), op, |v| v, |a| a)),
+        Data::BF16(_) => Data::BF16(reduce_float(
+            &slices!(BF16),
+            op,
+            |v| v.to_f64(),
+            f64_to_bf16,
+        )),
+        Data::I32(_) => Data::I32(reduce_i32(&slices!(I32), op)),
         Data::Bool(_) => panic!("reducing collectives reject bool (verify)"),
     }
+}
+
+/// [`reduce_group`] over the `k` equal consecutive parts of `stacked` (the layout a
+/// transport receives them in), in part order, without copying the parts out.
+pub fn reduce_stacked(stacked: &Data, k: usize, op: ReduceOp) -> Data {
+    let len = stacked.len() / k.max(1);
+    macro_rules! parts {
+        ($v:expr) => {
+            (0..k)
+                .map(|j| &$v[j * len..(j + 1) * len])
+                .collect::<Vec<_>>()
+        };
+    }
+    match stacked {
+        Data::F32(v) => Data::F32(reduce_float(&parts!(v), op, |v| v as f64, |a| a as f32)),
+        Data::F64(v) => Data::F64(reduce_float(&parts!(v), op, |v| v, |a| a)),
+        Data::BF16(v) => Data::BF16(reduce_float(&parts!(v), op, |v| v.to_f64(), f64_to_bf16)),
+        Data::I32(v) => Data::I32(reduce_i32(&parts!(v), op)),
+        Data::Bool(_) => panic!("reducing collectives reject bool (verify)"),
+    }
+}
+
+/// i32 reduction in operand order (sums wrap).
+fn reduce_i32(xs: &[&[i32]], op: ReduceOp) -> Vec<i32> {
+    let mut acc = vec![
+        match op {
+            ReduceOp::Sum => 0,
+            ReduceOp::Max => i32::MIN,
+            ReduceOp::Min => i32::MAX,
+        };
+        xs[0].len()
+    ];
+    for x in xs {
+        for (a, &v) in acc.iter_mut().zip(x.iter()) {
+            *a = match op {
+                ReduceOp::Sum => a.wrapping_add(v),
+                ReduceOp::Max => (*a).max(v),
+                ReduceOp::Min => (*a).min(v),
+            };
+        }
+    }
+    acc
+}
+
+/// Elements per task: large enough to amortise scheduling, small enough to split a
+/// megabyte buffer over the cores.
+const CHUNK: usize = 1 << 14;
+
+/// acc[i] = op(acc[i], x[i]) over every operand in order, chunk by chunk in parallel
+/// (each element still sees the operands in rank order, so results do not depend on
+/// the chunking).
+fn reduce_float<T: Copy + Send + Sync>(
+    xs: &[&[T]],
+    op: ReduceOp,
+    widen: impl Fn(T) -> f64 + Sync,
+    narrow: impl Fn(f64) -> T + Sync,
+) -> Vec<T> {
+    let n = xs[0].len();
+    let mut out: Vec<T> = Vec::with_capacity(n);
+    out.spare_capacity_mut()
+        .par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(c, dst)| {
+            let lo = c * CHUNK;
+            let mut acc = vec![op.identity(); dst.len()];
+            for x in xs {
+                let x = &x[lo..lo + dst.len()];
+                match op {
+                    ReduceOp::Sum => {
+                        for (a, &v) in acc.iter_mut().zip(x) {
+                            *a += widen(v);
+                        }
+                    }
+                    ReduceOp::Max => {
+                        for (a, &v) in acc.iter_mut().zip(x) {
+                            *a = fmax(*a, widen(v));
+                        }
+                    }
+                    ReduceOp::Min => {
+                        for (a, &v) in acc.iter_mut().zip(x) {
+                            *a = fmin(*a, widen(v));
+                        }
+                    }
+                }
+            }
+            for (d, a) in dst.iter_mut().zip(acc) {
+                d.write(narrow(a));
+            }
+        });
+    // SAFETY: the chunks above cover all `n` spare elements and each was written once.
+    unsafe { out.set_len(n) };
+    out
 }
 
 /// The reduction a collective applies (all-reduce and reduce-scatter).
