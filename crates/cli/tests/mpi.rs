@@ -130,20 +130,11 @@ fn gshard(args: &[&str]) -> String {
     )
 }
 
-/// Named tensors of a safetensors file as (type, raw bits).
-fn tensors(path: &Path) -> HashMap<String, (String, Vec<u64>)> {
+/// Named tensors of a safetensors file as (type, raw bytes).
+fn tensors(path: &Path) -> HashMap<String, (String, Vec<u8>)> {
     let (ts, _) = runtime::read_safetensors(&std::fs::read(path).unwrap()).unwrap();
     ts.into_iter()
-        .map(|(n, t)| {
-            let bits = match &t.data {
-                runtime::Data::F32(v) => v.iter().map(|x| x.to_bits() as u64).collect(),
-                runtime::Data::F64(v) => v.iter().map(|x| x.to_bits()).collect(),
-                runtime::Data::BF16(v) => v.iter().map(|x| x.to_bits() as u64).collect(),
-                runtime::Data::I32(v) => v.iter().map(|&x| x as u32 as u64).collect(),
-                runtime::Data::Bool(v) => v.iter().map(|&x| x as u64).collect(),
-            };
-            (n, (t.ty.to_string(), bits))
-        })
+        .map(|(n, t)| (n, (t.ty.to_string(), t.data.to_bytes())))
         .collect()
 }
 

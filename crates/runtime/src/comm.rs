@@ -109,12 +109,14 @@ pub fn check_consistent(
 }
 
 /// Every mesh position's named tensors (`n` positions, in order), on every process:
-/// `local[j]` belongs to `comm.local_positions()[j]`.
-pub fn gather_positions(
+/// `local[j]` belongs to `comm.local_positions()[j]`. With one process that is `local`
+/// itself, borrowed (no copy on the decoding and checkpoint paths).
+#[allow(clippy::type_complexity)]
+pub fn gather_positions<'a>(
     comm: &dyn Communicator,
-    local: &[std::collections::HashMap<String, HostTensor>],
+    local: &'a [std::collections::HashMap<String, HostTensor>],
     n: usize,
-) -> Result<Vec<std::collections::HashMap<String, HostTensor>>, CommError> {
+) -> Result<std::borrow::Cow<'a, [std::collections::HashMap<String, HostTensor>]>, CommError> {
     let positions = comm.local_positions();
     let fail = |msg: String| CommError::Failed {
         index: 0,
@@ -122,7 +124,7 @@ pub fn gather_positions(
         msg,
     };
     if comm.num_processes() == 1 {
-        return Ok(local.to_vec());
+        return Ok(std::borrow::Cow::Borrowed(local));
     }
     let mut named: Vec<(String, &HostTensor)> = Vec::new();
     for (pos, m) in positions.iter().zip(local) {
@@ -144,7 +146,7 @@ pub fn gather_positions(
                 .insert(name.to_string(), t);
         }
     }
-    Ok(out)
+    Ok(std::borrow::Cow::Owned(out))
 }
 
 /// Every mesh position in one process: collectives are copies between device buffers.

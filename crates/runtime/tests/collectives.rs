@@ -513,6 +513,6 @@ fn one_process_gathers_its_own_positions_and_agrees_with_itself() {
         .map(|p| HashMap::from([("x".to_string(), runtime::HostTensor::scalar_f32(p as f32))]))
         .collect();
     let all = gather_positions(&comm, &local, 2).unwrap();
-    assert_eq!(all, local);
+    assert_eq!(&all[..], &local[..]);
     check_consistent(&comm, "program", b"abc").unwrap();
 }

@@ -43,7 +43,18 @@ pub fn shard_inputs(
     inputs: &HashMap<String, HostTensor>,
 ) -> Result<Vec<HashMap<String, HostTensor>>, DeviceError> {
     let mesh = part.program.mesh.as_ref().ok_or(DeviceError::NoMesh)?;
-    let mut per_dev = vec![HashMap::new(); mesh.num_devices()];
+    let all: Vec<usize> = (0..mesh.num_devices()).collect();
+    shard_inputs_for(part, inputs, &all)
+}
+
+/// The inputs of the devices at `positions` only (e.g. the one an MPI rank runs).
+pub fn shard_inputs_for(
+    part: &Partitioned,
+    inputs: &HashMap<String, HostTensor>,
+    positions: &[usize],
+) -> Result<Vec<HashMap<String, HostTensor>>, DeviceError> {
+    let mesh = part.program.mesh.as_ref().ok_or(DeviceError::NoMesh)?;
+    let mut per_dev = vec![HashMap::new(); positions.len()];
     for l in &part.params {
         let t = inputs.get(&l.name).ok_or_else(|| DeviceError::Missing {
             name: l.name.clone(),
@@ -56,7 +67,7 @@ pub fn shard_inputs(
                 got: t.ty.clone(),
             });
         }
-        for (pos, m) in per_dev.iter_mut().enumerate() {
+        for (&pos, m) in positions.iter().zip(per_dev.iter_mut()) {
             m.insert(l.name.clone(), t.block(&block(l, mesh, pos)));
         }
     }

@@ -94,10 +94,10 @@ fn run(a: Args, mpi: Mpi) -> Result<()> {
         if a.profile.is_some() {
             profiler = Some(runtime::Profiler::new());
         }
-        let mut per_dev = train::devices::shard_inputs(&part, &inputs).with_context(ctx)?;
-        let mine = per_dev.swap_remove(comm.rank());
+        let mine = train::devices::shard_inputs_for(&part, &inputs, &comm.local_positions())
+            .with_context(ctx)?;
         let r =
-            runtime::run_devices_profiled(&part.program, comm.as_ref(), &[mine], profiler.as_ref())
+            runtime::run_devices_profiled(&part.program, comm.as_ref(), &mine, profiler.as_ref())
                 .with_context(ctx)?;
         let all = runtime::comm::gather_positions(comm.as_ref(), &r.outputs, n)?;
         let peak = comm

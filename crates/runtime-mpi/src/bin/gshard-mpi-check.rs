@@ -21,16 +21,6 @@ fn operand(case: usize, pos: usize, ty: &Type) -> HostTensor {
     HostTensor::from_f64_values(ty.clone(), &v)
 }
 
-fn bits(t: &HostTensor) -> Vec<u64> {
-    match &t.data {
-        runtime::Data::F32(v) => v.iter().map(|x| x.to_bits() as u64).collect(),
-        runtime::Data::F64(v) => v.iter().map(|x| x.to_bits()).collect(),
-        runtime::Data::BF16(v) => v.iter().map(|x| x.to_bits() as u64).collect(),
-        runtime::Data::I32(v) => v.iter().map(|&x| x as u32 as u64).collect(),
-        runtime::Data::Bool(v) => v.iter().map(|&x| x as u64).collect(),
-    }
-}
-
 fn main() {
     let comm = match runtime_mpi::init(runtime_mpi::Options::default()) {
         Ok(c) => c,
@@ -107,7 +97,7 @@ fn main() {
                             .collective(0, &op, mesh, vec![all[rank].clone()])
                             .expect("MPI collective");
                         let (w, g) = (&want[rank], &got[0]);
-                        if w.ty != g.ty || bits(w) != bits(g) {
+                        if w.ty != g.ty || w.data.to_bytes() != g.data.to_bytes() {
                             bad += 1;
                             eprintln!(
                                 "rank {rank}: {} over {axes:?} on {mesh} with {ty}: got {} {:?}, want {} {:?}",
