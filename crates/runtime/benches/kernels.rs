@@ -153,6 +153,50 @@ fn bench_gemm(c: &mut Criterion) {
             })
         });
     }
+    // Our AVX2 micro-kernel GEMM called directly on one expert's shapes (one thread):
+    // up-projection, down-projection, and the weight gradient (A read transposed).
+    if runtime::kernels::sgemm::available() {
+        use runtime::kernels::sgemm::{sgemm, MatMut, MatRef};
+        for (name, m, n, k, a_t) in [
+            ("raw_sgemm_256x1024x256", 256, 1024, 256, false),
+            ("raw_sgemm_256x256x1024", 256, 256, 1024, false),
+            ("raw_sgemm_T1024x256x256", 1024, 256, 256, true),
+            ("raw_sgemm_512x512x512", 512, 512, 512, false),
+        ] {
+            let (a, bm) = (data(m * k, 1), data(k * n, 2));
+            let mut cm = vec![0.0f32; m * n];
+            let ar = if a_t {
+                MatRef {
+                    ptr: a.as_ptr(),
+                    rs: 1,
+                    cs: m,
+                }
+            } else {
+                MatRef {
+                    ptr: a.as_ptr(),
+                    rs: k,
+                    cs: 1,
+                }
+            };
+            g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+            g.bench_function(format!("{name}/1thread"), |bch| {
+                bch.iter(|| {
+                    let br = MatRef {
+                        ptr: bm.as_ptr(),
+                        rs: n,
+                        cs: 1,
+                    };
+                    let cw = MatMut {
+                        ptr: cm.as_mut_ptr(),
+                        rs: n,
+                        cs: 1,
+                    };
+                    // SAFETY: AVX2 checked above; the strides address exactly the buffers.
+                    unsafe { sgemm(m, n, k, ar, br, cw) }
+                })
+            });
+        }
+    }
     // The one-hot dispatch einsum GSEC,GSM->GECM (sparse lhs path), G=16 S=128 E=32 C=8 M=256.
     let (gg, s, e, cc, m) = (16usize, 128, 32, 8, 256);
     let mut comb = vec![0.0f32; gg * s * e * cc];

@@ -10,12 +10,16 @@
 //! its innermost dim stays innermost so the copy moves contiguous runs. Batch dims never need
 //! merging: each batch entry has its own offset.
 //!
-//! **Kernels**: f32 and f64 run on `gemm` 0.19 (AVX-512 with the `x86-v4` feature). bf16
+//! **Kernels**: f32 runs on our AVX2/FMA micro-kernel GEMM ([`super::sgemm`]: packing reads
+//! any strides, a transposed result is computed as `B^T A^T`, and all-zero rows of the
+//! expert buffer are skipped exactly); f64, and f32 on CPUs without AVX2/FMA, run on `gemm`
+//! 0.19 (AVX-512 with the `x86-v4` feature). bf16
 //! operands are widened to f32, multiplied with f32 accumulation and rounded once to bf16.
 //! i32 uses wrapping integer loops. With a batch of at least `2 x` the pool's threads, the
 //! batch is split over the rayon pool with one single-threaded GEMM per entry (DEPENDENCIES.md:
-//! experts in parallel beat splitting each GEMM); otherwise each GEMM runs with
-//! `Parallelism::Rayon(0)`, which nests into the current pool.
+//! experts in parallel beat splitting each GEMM); otherwise each GEMM is split over the pool
+//! (f32: the larger of M and N in whole tiles; `gemm`: `Parallelism::Rayon(0)`, which nests
+//! into the current pool).
 //!
 //! **Sparse path** (the one-hot dispatch/combine einsums of MoE): for a float dot with at
 //! least 16 flops per operand element, the executor counts zeros of the lhs, then the rhs,
@@ -26,6 +30,7 @@
 //! `k`, with the zero terms left out, so the result equals the dense product to rounding.
 
 use super::layout::gather_copy;
+use super::sgemm;
 use crate::tensor::Data;
 use half::bf16;
 use ir::{DType, DotDims};
@@ -326,6 +331,66 @@ fn gemm_one<T: GemmFloat>(
     assert!(ob + (m - 1) * ors + (n - 1) * ocs < out.len);
     assert!(lb + (m - 1) * lrs + (k - 1) * lcs < l.len());
     assert!(rb + (k - 1) * rrs + (n - 1) * rcs < r.len());
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && sgemm::available() {
+        let threads = match par {
+            gemm::Parallelism::None => 1,
+            _ => rayon::current_num_threads().max(1),
+        };
+        // Split the larger of M and N into one part per pool thread (whole tiles); every
+        // element's arithmetic is the same however it is split.
+        let (split_m, len, unit) = if m >= n {
+            (true, m, sgemm::MR)
+        } else {
+            (false, n, sgemm::NR)
+        };
+        let step = len.div_ceil(threads).div_ceil(unit) * unit;
+        let part = |lo: usize| {
+            let o = out; // the whole `OutPtr` (Sync), not its raw field
+            let hi = len.min(lo + step);
+            let (i0, j0, mm, nn) = if split_m {
+                (lo, 0, hi - lo, n)
+            } else {
+                (0, lo, m, hi - lo)
+            };
+            // SAFETY: f32 is `T` (checked above), so the casts only rename the type; the
+            // asserts above bound the whole `m x k`, `k x n` and `m x n` ranges, of which
+            // this part reads rows `i0..i0+mm` of the lhs, columns `j0..j0+nn` of the rhs and
+            // writes that block of the output, disjoint from every other part's and batch
+            // entry's; `sgemm::available()` was checked.
+            unsafe {
+                sgemm::sgemm(
+                    mm,
+                    nn,
+                    k,
+                    sgemm::MatRef {
+                        ptr: l.as_ptr().add(lb + i0 * lrs).cast(),
+                        rs: lrs,
+                        cs: lcs,
+                    },
+                    sgemm::MatRef {
+                        ptr: r.as_ptr().add(rb + j0 * rcs).cast(),
+                        rs: rrs,
+                        cs: rcs,
+                    },
+                    sgemm::MatMut {
+                        ptr: o.ptr.add(ob + i0 * ors + j0 * ocs).cast(),
+                        rs: ors,
+                        cs: ocs,
+                    },
+                )
+            }
+        };
+        if step >= len {
+            part(0);
+        } else {
+            (0..len)
+                .step_by(step)
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .for_each(part);
+        }
+        return;
+    }
     // SAFETY: the asserts above bound every element the GEMM reads (`m x k` from `l` at
     // `lb` with strides `lrs`/`lcs`, `k x n` from `r` at `rb`) and writes (`m x n` of the
     // output at `ob` with strides `ors`/`ocs`, inside the exclusively borrowed result

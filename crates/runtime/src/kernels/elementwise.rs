@@ -429,11 +429,36 @@ fn load_run(src: &Data, off: usize, stride: usize, m: usize, o: &mut Sc, at: usi
 }
 
 fn load_broadcast(src: &Data, shape: &[usize], st: &[usize], start: usize, n: usize, o: &mut Sc) {
-    let r = shape.len();
-    if r == 0 {
+    if shape.is_empty() {
         load_run(src, 0, 0, n, o, 0);
         return;
     }
+    // One dtype dispatch per chunk; the walk below is monomorphised, so short inner runs
+    // (a broadcast over a trailing dim of 2, say) cost a few instructions each.
+    match (src, o) {
+        (Data::F32(v), Sc::F(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
+        (Data::BF16(v), Sc::F(o)) => {
+            walk_broadcast(v, shape, st, start, &mut o[..n], |x: bf16| x.to_f32())
+        }
+        (Data::F64(v), Sc::D(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
+        (Data::I32(v), Sc::I(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
+        (Data::Bool(v), Sc::B(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
+        (d, _) => panic!("fused broadcast of dtype {} in the wrong lane", d.dtype()),
+    }
+}
+
+/// `o[t] = f(v[offset of element start + t])` for the broadcast map `shape`/`st` (strides
+/// of the operand per result dim, 0 where broadcast), walking runs of the innermost dim.
+fn walk_broadcast<T: Copy, U: Copy>(
+    v: &[T],
+    shape: &[usize],
+    st: &[usize],
+    start: usize,
+    o: &mut [U],
+    f: impl Fn(T) -> U,
+) {
+    let r = shape.len();
+    let n = o.len();
     let mut idx = vec![0usize; r];
     let mut rem = start;
     for d in (0..r).rev() {
@@ -445,7 +470,19 @@ fn load_broadcast(src: &Data, shape: &[usize], st: &[usize], start: usize, n: us
     let mut pos = 0;
     while pos < n {
         let m = (last - idx[r - 1]).min(n - pos);
-        load_run(src, off, lst, m, o, pos);
+        let dst = &mut o[pos..pos + m];
+        if lst == 0 {
+            let x = f(v[off]);
+            dst.fill(x);
+        } else if lst == 1 {
+            dst.iter_mut()
+                .zip(&v[off..off + m])
+                .for_each(|(d, &x)| *d = f(x));
+        } else {
+            for (t, d) in dst.iter_mut().enumerate() {
+                *d = f(v[off + t * lst]);
+            }
+        }
         pos += m;
         idx[r - 1] += m;
         off += m * lst;

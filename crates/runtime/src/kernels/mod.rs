@@ -5,7 +5,8 @@
 //! - [`elementwise`]: unary/binary/compare/select/convert as *fused groups*: the executor
 //!   merges chains of elementwise ops (plus splat constants, iotas and broadcasts feeding
 //!   them) of one element count into one pass over L1-sized chunks.
-//! - [`dot`]: dot-general normalised to batched `[B,M,K] x [B,K,N]` GEMMs on the `gemm` crate
+//! - [`dot`]: dot-general normalised to batched `[B,M,K] x [B,K,N]` GEMMs on [`sgemm`] (our
+//!   AVX2/FMA micro-kernel for f32, skipping all-zero rows exactly) or the `gemm` crate
 //!   (strides where the dims merge, a cache-friendly permuted copy where they do not), the
 //!   batch split over the rayon pool, and a sparse path for one-hot-ish operands.
 //! - [`layout`]: strided copies (transpose, broadcast, slice family, pad, concatenate,
@@ -26,6 +27,7 @@ pub mod elementwise;
 pub mod index;
 pub mod layout;
 pub mod reduce;
+pub mod sgemm;
 
 use crate::tensor::{f64_to_bf16, Data};
 use half::bf16;
