@@ -118,16 +118,22 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
     // SAFETY (whole body): every offset below is `i*rs + j*cs` with `i`, `j` inside the
     // operand's shape, which the caller's contract makes addressable.
     unsafe {
-        // Rows of A that take part, and those that are all zeros.
+        // Rows of A that take part, and those that are all zeros. Zeros are only looked for
+        // along contiguous runs (rows of a row-major A, rows of a row-major B, columns of a
+        // column-major A), where a scan that stops at the first non-zero costs a few loads;
+        // a strided scan would miss the cache once per element.
         let (mut live, mut dead) = (Vec::with_capacity(m), Vec::new());
         for i in 0..m {
             let row = a.ptr.add(i * a.rs);
-            if (0..k).all(|p| *row.add(p * a.cs) == 0.0) {
+            if a.cs == 1 && (0..k).all(|p| *row.add(p) == 0.0) {
                 dead.push(i);
             } else {
                 live.push(i);
             }
         }
+        // Whether every element of A's live rows is finite (computed at most once, and only
+        // when a zero row of B would otherwise be left out against a row-major A).
+        let mut a_all_finite: Option<bool> = None;
         // Steps `k` that take part: a zero row of B is left out when the column of A it
         // meets is finite (over the live rows; dead rows are zeros), and a column of A that
         // is zero over the live rows when the row of B it meets is finite.
@@ -135,10 +141,21 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
         for p in 0..k {
             let brow = b.ptr.add(p * b.rs);
             let acol = a.ptr.add(p * a.cs);
-            let b_zero = || (0..n).all(|j| *brow.add(j * b.cs) == 0.0);
+            let b_zero = || b.cs == 1 && (0..n).all(|j| *brow.add(j) == 0.0);
             let b_finite = || (0..n).all(|j| (*brow.add(j * b.cs)).is_finite());
-            let a_zero = || live.iter().all(|&i| *acol.add(i * a.rs) == 0.0);
-            let a_finite = || live.iter().all(|&i| (*acol.add(i * a.rs)).is_finite());
+            let a_zero = || a.rs == 1 && live.iter().all(|&i| *acol.add(i) == 0.0);
+            let mut a_finite = || {
+                if a.rs == 1 || a.cs != 1 {
+                    live.iter().all(|&i| (*acol.add(i * a.rs)).is_finite())
+                } else {
+                    *a_all_finite.get_or_insert_with(|| {
+                        live.iter().all(|&i| {
+                            let row = std::slice::from_raw_parts(a.ptr.add(i * a.rs), k);
+                            row.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0))
+                        })
+                    })
+                }
+            };
             let skip = (b_zero() && a_finite()) || (a_zero() && b_finite());
             if !skip {
                 ks.push(p);
@@ -351,6 +368,13 @@ mod avx2 {
     ) {
         // SAFETY: the caller's contract bounds every pointer offset below.
         unsafe {
+            // Start fetching the C tile's lines now: its stores come after `kc` steps.
+            if cs == 1 {
+                for &p in &c[..mr] {
+                    _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(NR - 1) as *const i8);
+                }
+            }
             let mut acc = [[_mm256_setzero_ps(); 2]; MR];
             let (mut ap, mut bp) = (a, b);
             for _ in 0..kc {
