@@ -125,7 +125,7 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
         let (mut live, mut dead) = (Vec::with_capacity(m), Vec::new());
         for i in 0..m {
             let row = a.ptr.add(i * a.rs);
-            if a.cs == 1 && (0..k).all(|p| *row.add(p) == 0.0) {
+            if a.cs == 1 && all_zero(row, k) {
                 dead.push(i);
             } else {
                 live.push(i);
@@ -141,7 +141,7 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
         for p in 0..k {
             let brow = b.ptr.add(p * b.rs);
             let acol = a.ptr.add(p * a.cs);
-            let b_zero = || b.cs == 1 && (0..n).all(|j| *brow.add(j) == 0.0);
+            let b_zero = || b.cs == 1 && all_zero(brow, n);
             let b_finite = || (0..n).all(|j| (*brow.add(j * b.cs)).is_finite());
             let a_zero = || a.rs == 1 && live.iter().all(|&i| *acol.add(i) == 0.0);
             let mut a_finite = || {
@@ -179,30 +179,68 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
             let (sa, sb) = &mut *bufs;
             let pa = sa.get(MC.div_ceil(MR) * MR * KC);
             let pb = sb.get(NC.div_ceil(NR) * NR * KC);
-            let kk = ks.len();
-            for jc in (0..n).step_by(NC) {
-                let nc = NC.min(n - jc);
-                for pc in (0..kk).step_by(KC) {
-                    let kc = KC.min(kk - pc);
-                    let kidx = &ks[pc..pc + kc];
-                    let finite = pack_b(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb);
-                    // Dead rows (already zero) are multiplied only against a non-finite
-                    // block, accumulating, exactly as the dense product would.
-                    let sets: [(&[usize], bool); 2] =
-                        [(&live, pc == 0), (if finite { &[] } else { &dead }, false)];
-                    for (rows, first) in sets {
-                        for ic in (0..rows.len()).step_by(MC) {
-                            let rblk = &rows[ic..rows.len().min(ic + MC)];
+            blocked(n, &ks, &live, &dead, a, b, c, pa, pb);
+        });
+    }
+}
+
+/// The blocked loop nest over the live rows `live` and steps `ks` (see [`sgemm`]).
+///
+/// # Safety
+/// As [`sgemm`]; `live`, `dead` and `ks` index inside A's rows and columns.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn blocked(
+    n: usize,
+    ks: &[usize],
+    live: &[usize],
+    dead: &[usize],
+    a: MatRef,
+    b: MatRef,
+    c: MatMut,
+    pa: &mut [f32],
+    pb: &mut [f32],
+) {
+    let kk = ks.len();
+    // SAFETY (whole body): offsets stay inside the operands by the caller's contract.
+    unsafe {
+        for jc in (0..n).step_by(NC) {
+            let nc = NC.min(n - jc);
+            for pc in (0..kk).step_by(KC) {
+                let kc = KC.min(kk - pc);
+                let kidx = &ks[pc..pc + kc];
+                let finite = pack_b(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb);
+                // A row-major A over consecutive steps is read in place, row by row (its
+                // block stays in L2 like a packed one); otherwise it is packed.
+                let direct = a.cs == 1 && kidx[kc - 1] - kidx[0] == kc - 1;
+                // Dead rows (already zero) are multiplied only against a non-finite
+                // block, accumulating, exactly as the dense product would.
+                let sets: [(&[usize], bool); 2] =
+                    [(live, pc == 0), (if finite { &[] } else { dead }, false)];
+                for (rows, first) in sets {
+                    for ic in (0..rows.len()).step_by(MC) {
+                        let rblk = &rows[ic..rows.len().min(ic + MC)];
+                        if !direct {
                             pack_a(rblk, kidx, a.ptr, a.rs, a.cs, pa);
-                            for jr in (0..nc).step_by(NR) {
-                                let nr = NR.min(nc - jr);
-                                let bp = pb[jr * kc..].as_ptr();
-                                for (t, tile) in rblk.chunks(MR).enumerate() {
-                                    let ap = pa[t * MR * kc..].as_ptr();
-                                    let mut crow = [std::ptr::null_mut(); MR];
+                        }
+                        for jr in (0..nc).step_by(NR) {
+                            let nr = NR.min(nc - jr);
+                            let bp = pb[jr * kc..].as_ptr();
+                            for (t, tile) in rblk.chunks(MR).enumerate() {
+                                let mut crow = [std::ptr::null_mut(); MR];
+                                for (q, &i) in tile.iter().enumerate() {
+                                    crow[q] = c.ptr.add(i * c.rs + (jc + jr) * c.cs);
+                                }
+                                if direct {
+                                    // Rows past a partial tile read row `tile[0]` again
+                                    // (computed, never stored).
+                                    let mut arow = [a.ptr.add(tile[0] * a.rs + kidx[0]); MR];
                                     for (q, &i) in tile.iter().enumerate() {
-                                        crow[q] = c.ptr.add(i * c.rs + (jc + jr) * c.cs);
+                                        arow[q] = a.ptr.add(i * a.rs + kidx[0]);
                                     }
+                                    kernel_rows(kc, &arow, bp, &crow, c.cs, tile.len(), nr, first);
+                                } else {
+                                    let ap = pa[t * MR * kc..].as_ptr();
                                     kernel(kc, ap, bp, &crow, c.cs, tile.len(), nr, first);
                                 }
                             }
@@ -210,8 +248,21 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
                     }
                 }
             }
-        });
+        }
     }
+}
+
+/// Whether the `n` contiguous floats at `p` are all zero (`-0.0` included): blocks of 64
+/// tested without branches (vectorised), stopping at the first block with a non-zero.
+///
+/// # Safety
+/// `n` floats at `p` are readable.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn all_zero(p: *const f32, n: usize) -> bool {
+    // SAFETY: the caller's contract.
+    let s = unsafe { std::slice::from_raw_parts(p, n) };
+    s.chunks(64)
+        .all(|c| c.iter().fold(true, |f, &x| f & (x == 0.0)))
 }
 
 /// Pack rows `rows` and steps `kidx` of A into row panels of `MR`: panel `p`, step `k`,
@@ -219,6 +270,7 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
 ///
 /// # Safety
 /// Every `a[i*rs + k*cs]` for `i` in `rows`, `k` in `kidx` is readable.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
 unsafe fn pack_a(
     rows: &[usize],
     kidx: &[usize],
@@ -272,6 +324,7 @@ unsafe fn pack_a(
 ///
 /// # Safety
 /// Every `b[k*rs + j*cs]` for `k` in `kidx`, `j < nc` is readable.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
 unsafe fn pack_b(
     kidx: &[usize],
     nc: usize,
@@ -283,35 +336,53 @@ unsafe fn pack_b(
     let kc = kidx.len();
     // `x * 0 == 0` exactly when `x` is finite; folded with `&` so it vectorises.
     let mut finite = true;
+    if cs == 1 {
+        // Rows contiguous: read each row once, in order (a panel-by-panel walk would jump a
+        // whole row ahead per element, across pages, where no prefetcher follows).
+        if !nc.is_multiple_of(NR) {
+            let p = nc / NR;
+            dst[p * NR * kc..(p + 1) * NR * kc].fill(0.0);
+        }
+        for (kk, &k) in kidx.iter().enumerate() {
+            // SAFETY: `nc` contiguous elements of row `k`.
+            let src = unsafe { std::slice::from_raw_parts(b.add(k * rs), nc) };
+            finite &= src.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
+            for (p, part) in src.chunks(NR).enumerate() {
+                let at = p * NR * kc + kk * NR;
+                dst[at..at + part.len()].copy_from_slice(part);
+            }
+        }
+        return finite;
+    }
     for (p, j0) in (0..nc).step_by(NR).enumerate() {
         let cols = NR.min(nc - j0);
         let panel = &mut dst[p * NR * kc..(p + 1) * NR * kc];
         if cols < NR {
             panel.fill(0.0);
         }
-        if cs == 1 {
-            for (kk, &k) in kidx.iter().enumerate() {
-                // SAFETY: `cols` contiguous elements of row `k`.
-                let src = unsafe { std::slice::from_raw_parts(b.add(k * rs + j0), cols) };
-                let dstrow = &mut panel[kk * NR..kk * NR + cols];
-                dstrow.copy_from_slice(src);
-                finite &= dstrow.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
+        // Columns strided (a transposed B): sixteen column streams, one step at a time.
+        let mut src = [std::ptr::null::<f32>(); NR];
+        for (j, s) in src.iter_mut().enumerate().take(cols) {
+            // SAFETY: column `j0 + j < nc`.
+            *s = unsafe { b.add((j0 + j) * cs) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if rs == 1 && cols == NR && kidx[kc - 1] - kidx[0] == kc - 1 {
+            // Contiguous columns over consecutive steps: 8 x 8 register transposes.
+            let k0 = kidx[0];
+            let at = src.map(|p| p.wrapping_add(k0));
+            // SAFETY: each column holds `kc` readable floats from step `k0`; the panel
+            // holds `kc * NR`.
+            finite &= unsafe { avx2::pack_columns(kc, &at, panel.as_mut_ptr()) };
+            continue;
+        }
+        for (kk, &k) in kidx.iter().enumerate() {
+            let o = &mut panel[kk * NR..kk * NR + cols];
+            for (x, s) in o.iter_mut().zip(&src) {
+                // SAFETY: element `(k, j)` with `k` in `kidx`, `j < nc`.
+                *x = unsafe { *s.add(k * rs) };
             }
-        } else {
-            // Columns strided (a transposed B): sixteen column streams, one step at a time.
-            let mut src = [std::ptr::null::<f32>(); NR];
-            for (j, s) in src.iter_mut().enumerate().take(cols) {
-                // SAFETY: column `j0 + j < nc`.
-                *s = unsafe { b.add((j0 + j) * cs) };
-            }
-            for (kk, &k) in kidx.iter().enumerate() {
-                let o = &mut panel[kk * NR..kk * NR + cols];
-                for (x, s) in o.iter_mut().zip(&src) {
-                    // SAFETY: element `(k, j)` with `k` in `kidx`, `j < nc`.
-                    *x = unsafe { *s.add(k * rs) };
-                }
-                finite &= o.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
-            }
+            finite &= o.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
         }
     }
     finite
@@ -348,46 +419,63 @@ unsafe fn kernel(
     }
 }
 
+/// [`kernel`] reading A in place: row `i` of the tile is `kc` contiguous floats at `a[i]`.
+///
+/// # Safety
+/// As [`kernel`], with `kc` floats readable at each `a[i]`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn kernel_rows(
+    kc: usize,
+    a: &[*const f32; MR],
+    b: *const f32,
+    c: &[*mut f32; MR],
+    cs: usize,
+    mr: usize,
+    nr: usize,
+    first: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: forwarded contract.
+    unsafe {
+        avx2::kernel_rows(kc, a, b, c, cs, mr, nr, first)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (kc, a, b, c, cs, mr, nr, first);
+        unreachable!("sgemm::available() is false off x86-64");
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{MR, NR};
     use std::arch::x86_64::*;
 
-    /// See [`super::kernel`].
-    #[allow(clippy::too_many_arguments)]
+    type Acc = [[__m256; 2]; MR];
+
+    /// Start fetching the C tile's lines: its stores come after `kc` steps.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn kernel(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        c: &[*mut f32; MR],
-        cs: usize,
-        mr: usize,
-        nr: usize,
-        first: bool,
-    ) {
-        // SAFETY: the caller's contract bounds every pointer offset below.
+    #[inline]
+    unsafe fn prefetch_c(c: &[*mut f32; MR], cs: usize, mr: usize) {
+        if cs == 1 {
+            for &p in &c[..mr] {
+                // Prefetches never fault; these are the tile row's first and last lines.
+                _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(NR - 1) as *const i8);
+            }
+        }
+    }
+
+    /// Write (`first`) or add the accumulators to the top-left `mr x nr` of the C tile.
+    ///
+    /// # Safety
+    /// As [`super::kernel`] for `c`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn store(acc: &Acc, c: &[*mut f32; MR], cs: usize, mr: usize, nr: usize, first: bool) {
+        // SAFETY: the caller's contract bounds every element written.
         unsafe {
-            // Start fetching the C tile's lines now: its stores come after `kc` steps.
-            if cs == 1 {
-                for &p in &c[..mr] {
-                    _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(p.add(NR - 1) as *const i8);
-                }
-            }
-            let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-            let (mut ap, mut bp) = (a, b);
-            for _ in 0..kc {
-                let b0 = _mm256_load_ps(bp);
-                let b1 = _mm256_load_ps(bp.add(8));
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let ai = _mm256_broadcast_ss(&*ap.add(i));
-                    row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
-                }
-                ap = ap.add(MR);
-                bp = bp.add(NR);
-            }
             if mr == MR && nr == NR && cs == 1 {
                 for (row, &p) in acc.iter().zip(c) {
                     if first {
@@ -413,6 +501,144 @@ mod avx2 {
                     *p = if first { v } else { *p + v };
                 }
             }
+        }
+    }
+
+    /// Transpose eight rows of eight floats (row `i` of the result is column `i`).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ]
+    }
+
+    /// Pack `kc` steps of sixteen contiguous columns (`col[j]` holds `kc` floats) into a B
+    /// panel (`dst[k*NR + j]`); returns whether every value is finite.
+    ///
+    /// # Safety
+    /// `kc` floats readable at each `col[j]`, `kc * NR` writable at `dst`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn pack_columns(kc: usize, col: &[*const f32; NR], dst: *mut f32) -> bool {
+        // `x * 0` is NaN exactly for a non-finite `x`, and a NaN survives the sum.
+        let mut nan = _mm256_setzero_ps();
+        let zero = _mm256_setzero_ps();
+        let mut kk = 0;
+        // SAFETY: every read is `col[j] + kk + t` with `kk + t < kc`, every write inside
+        // `dst[..kc * NR]`.
+        unsafe {
+            while kk + 8 <= kc {
+                for half in 0..2 {
+                    let rows: [__m256; 8] =
+                        std::array::from_fn(|j| _mm256_loadu_ps(col[half * 8 + j].add(kk)));
+                    for &r in &rows {
+                        nan = _mm256_add_ps(nan, _mm256_mul_ps(r, zero));
+                    }
+                    for (t, v) in transpose8(rows).into_iter().enumerate() {
+                        _mm256_store_ps(dst.add((kk + t) * NR + half * 8), v);
+                    }
+                }
+                kk += 8;
+            }
+            let mut finite = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(nan, nan)) == 0;
+            for k in kk..kc {
+                for (j, c) in col.iter().enumerate() {
+                    let x = *c.add(k);
+                    finite &= x * 0.0 == 0.0;
+                    *dst.add(k * NR + j) = x;
+                }
+            }
+            finite
+        }
+    }
+
+    /// See [`super::kernel`].
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn kernel(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: &[*mut f32; MR],
+        cs: usize,
+        mr: usize,
+        nr: usize,
+        first: bool,
+    ) {
+        // SAFETY: the caller's contract bounds every pointer offset below.
+        unsafe {
+            prefetch_c(c, cs, mr);
+            let mut acc: Acc = [[_mm256_setzero_ps(); 2]; MR];
+            let (mut ap, mut bp) = (a, b);
+            for _ in 0..kc {
+                let b0 = _mm256_load_ps(bp);
+                let b1 = _mm256_load_ps(bp.add(8));
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let ai = _mm256_broadcast_ss(&*ap.add(i));
+                    row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+                }
+                ap = ap.add(MR);
+                bp = bp.add(NR);
+            }
+            store(&acc, c, cs, mr, nr, first);
+        }
+    }
+
+    /// See [`super::kernel_rows`].
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn kernel_rows(
+        kc: usize,
+        a: &[*const f32; MR],
+        b: *const f32,
+        c: &[*mut f32; MR],
+        cs: usize,
+        mr: usize,
+        nr: usize,
+        first: bool,
+    ) {
+        // SAFETY: the caller's contract bounds every pointer offset below.
+        unsafe {
+            prefetch_c(c, cs, mr);
+            let [a0, a1, a2, a3, a4, a5] = *a;
+            let mut acc: Acc = [[_mm256_setzero_ps(); 2]; MR];
+            let mut bp = b;
+            for p in 0..kc {
+                let b0 = _mm256_load_ps(bp);
+                let b1 = _mm256_load_ps(bp.add(8));
+                let rows = [a0, a1, a2, a3, a4, a5];
+                for (row, ar) in acc.iter_mut().zip(rows) {
+                    let ai = _mm256_broadcast_ss(&*ar.add(p));
+                    row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+                }
+                bp = bp.add(NR);
+            }
+            store(&acc, c, cs, mr, nr, first);
         }
     }
 }
