@@ -35,6 +35,7 @@ use crate::tensor::Data;
 use half::bf16;
 use ir::{DType, DotDims};
 use rayon::prelude::*;
+use std::cell::RefCell;
 use std::ops::{Add, Mul};
 
 /// How one operand is read as a batch of matrices.
@@ -161,8 +162,12 @@ impl Side {
             Some(perm) => {
                 let st = super::strides(orig_shape);
                 let sst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
-                buf.clear();
-                buf.resize(x.len(), T::default());
+                // Every element is written by the copy: a reused buffer of the right
+                // length needs no clearing.
+                if buf.len() != x.len() {
+                    buf.clear();
+                    buf.resize(x.len(), T::default());
+                }
                 gather_copy(x, 0, &sst, &self.shape, buf);
                 buf
             }
@@ -261,6 +266,28 @@ pub trait GemmFloat:
     const ZERO: Self;
     const ONE: Self;
     fn is_finite(self) -> bool;
+    /// Run `f` with this thread's two reusable buffers for permuted operand copies (fresh
+    /// ones if the thread is already inside a dot, e.g. one that rayon stole while waiting).
+    /// Reuse matters: a fresh 32 MiB buffer costs 8192 page faults on every call.
+    fn with_scratch<R>(f: impl FnOnce(&mut Vec<Self>, &mut Vec<Self>) -> R) -> R;
+}
+
+thread_local! {
+    static SCRATCH_F32: RefCell<(Vec<f32>, Vec<f32>)> = RefCell::default();
+    static SCRATCH_F64: RefCell<(Vec<f64>, Vec<f64>)> = RefCell::default();
+}
+
+fn scratch<T, R>(
+    key: &'static std::thread::LocalKey<RefCell<(Vec<T>, Vec<T>)>>,
+    f: impl FnOnce(&mut Vec<T>, &mut Vec<T>) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut bufs) => {
+            let (a, b) = &mut *bufs;
+            f(a, b)
+        }
+        Err(_) => f(&mut Vec::new(), &mut Vec::new()),
+    })
 }
 
 impl GemmFloat for f32 {
@@ -269,6 +296,9 @@ impl GemmFloat for f32 {
     fn is_finite(self) -> bool {
         f32::is_finite(self)
     }
+    fn with_scratch<R>(f: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>) -> R) -> R {
+        scratch(&SCRATCH_F32, f)
+    }
 }
 
 impl GemmFloat for f64 {
@@ -276,6 +306,9 @@ impl GemmFloat for f64 {
     const ONE: f64 = 1.0;
     fn is_finite(self) -> bool {
         f64::is_finite(self)
+    }
+    fn with_scratch<R>(f: impl FnOnce(&mut Vec<f64>, &mut Vec<f64>) -> R) -> R {
+        scratch(&SCRATCH_F64, f)
     }
 }
 
@@ -536,9 +569,17 @@ fn dot_float<T: GemmFloat>(
     } else {
         DotPath::Dense
     };
-    let (mut lbuf, mut rbuf) = (Vec::new(), Vec::new());
-    let l = p.lhs.prepare(lhs_shape, l, &mut lbuf);
-    let r = p.rhs.prepare(rhs_shape, r, &mut rbuf);
+    T::with_scratch(|lbuf, rbuf| {
+        let l = p.lhs.prepare(lhs_shape, l, lbuf);
+        let r = p.rhs.prepare(rhs_shape, r, rbuf);
+        dense_or_sparse(p, path, l, r, out);
+    });
+    path
+}
+
+/// Run the batch of GEMMs (or sparse products) on prepared operands.
+fn dense_or_sparse<T: GemmFloat>(p: &DotPlan, path: DotPath, l: &[T], r: &[T], out: &mut [T]) {
+    let b = p.b;
     let threads = rayon::current_num_threads().max(1);
     let optr = OutPtr {
         ptr: out.as_mut_ptr(),
@@ -575,7 +616,6 @@ fn dot_float<T: GemmFloat>(
             one(bb, par);
         }
     }
-    path
 }
 
 fn dot_i32(
