@@ -469,6 +469,37 @@ fn walk_broadcast<T: Copy, U: Copy>(
     let (last, lst) = (shape[r - 1], st[r - 1]);
     let mut pos = 0;
     while pos < n {
+        if r >= 2 && last < 16 && idx[r - 1] == 0 && n - pos >= last {
+            // Short innermost runs (a broadcast over a trailing dim of 2, say): whole rows
+            // of the last two dims in one tight loop, no per-run bookkeeping.
+            let (rows, rst) = (shape[r - 2] - idx[r - 2], st[r - 2]);
+            let k = rows.min((n - pos) / last);
+            for (t, row) in o[pos..pos + k * last].chunks_exact_mut(last).enumerate() {
+                let base = off + t * rst;
+                for (u, d) in row.iter_mut().enumerate() {
+                    *d = f(v[base + u * lst]);
+                }
+            }
+            pos += k * last;
+            idx[r - 2] += k;
+            off += k * rst;
+            if idx[r - 2] == shape[r - 2] {
+                off -= shape[r - 2] * rst;
+                idx[r - 2] = 0;
+                let mut d = r - 2;
+                while d > 0 {
+                    d -= 1;
+                    idx[d] += 1;
+                    off += st[d];
+                    if idx[d] < shape[d] {
+                        break;
+                    }
+                    off -= st[d] * shape[d];
+                    idx[d] = 0;
+                }
+            }
+            continue;
+        }
         let m = (last - idx[r - 1]).min(n - pos);
         let dst = &mut o[pos..pos + m];
         if lst == 0 {
