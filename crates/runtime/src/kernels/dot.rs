@@ -491,27 +491,40 @@ fn sparse_lhs<T: GemmFloat>(
     let (lrs, lcs, rrs, rcs) = (p.lhs.rs, p.lhs.cs, p.rhs.rs, p.rhs.cs);
     let (ors, ocs) = (p.out.rs, p.out.cs);
     zero_out(p, out, ob);
-    for i in 0..m {
+    let visit = |i: usize, kk: usize| {
+        let v = l[lb + i * lrs + kk * lcs];
+        if v == T::ZERO {
+            return;
+        }
         let o0 = ob + i * ors;
-        for kk in 0..k {
-            let v = l[lb + i * lrs + kk * lcs];
-            if v == T::ZERO {
-                continue;
+        let r0 = rb + kk * rrs;
+        let row = &r[r0..r0 + (n - 1) * rcs + 1];
+        if ocs == 1 && rcs == 1 {
+            assert!(o0 + n <= out.len);
+            // SAFETY: row `i` of this batch entry (`n` contiguous elements, bounded by
+            // the assert) is written by this task only, and nothing else borrows it.
+            let orow = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(o0), n) };
+            for (o, &x) in orow.iter_mut().zip(row) {
+                *o = *o + v * x;
             }
-            let r0 = rb + kk * rrs;
-            let row = &r[r0..r0 + (n - 1) * rcs + 1];
-            if ocs == 1 && rcs == 1 {
-                assert!(o0 + n <= out.len);
-                // SAFETY: row `i` of this batch entry (`n` contiguous elements, bounded by
-                // the assert) is written by this task only, and nothing else borrows it.
-                let orow = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(o0), n) };
-                for (o, &x) in orow.iter_mut().zip(row) {
-                    *o = *o + v * x;
-                }
-            } else {
-                for j in 0..n {
-                    axpy_out(out, o0 + j * ocs, v * row[j * rcs]);
-                }
+        } else {
+            for j in 0..n {
+                axpy_out(out, o0 + j * ocs, v * row[j * rcs]);
+            }
+        }
+    };
+    // Walk the sparse operand along its contiguous direction; either order adds the terms
+    // of every output element in increasing `k`.
+    if lrs == 1 && lcs != 1 {
+        for kk in 0..k {
+            for i in 0..m {
+                visit(i, kk);
+            }
+        }
+    } else {
+        for i in 0..m {
+            for kk in 0..k {
+                visit(i, kk);
             }
         }
     }
@@ -530,15 +543,27 @@ fn sparse_rhs<T: GemmFloat>(
     let (lrs, lcs, rrs, rcs) = (p.lhs.rs, p.lhs.cs, p.rhs.rs, p.rhs.cs);
     let (ors, ocs) = (p.out.rs, p.out.cs);
     zero_out(p, out, ob);
-    for j in 0..n {
+    let visit = |j: usize, kk: usize| {
+        let v = r[rb + kk * rrs + j * rcs];
+        if v == T::ZERO {
+            return;
+        }
+        let l0 = lb + kk * lcs;
+        for i in 0..m {
+            axpy_out(out, ob + i * ors + j * ocs, l[l0 + i * lrs] * v);
+        }
+    };
+    // As in `sparse_lhs`: the sparse operand is walked along its contiguous direction.
+    if rcs == 1 && rrs != 1 {
         for kk in 0..k {
-            let v = r[rb + kk * rrs + j * rcs];
-            if v == T::ZERO {
-                continue;
+            for j in 0..n {
+                visit(j, kk);
             }
-            let l0 = lb + kk * lcs;
-            for i in 0..m {
-                axpy_out(out, ob + i * ors + j * ocs, l[l0 + i * lrs] * v);
+        }
+    } else {
+        for j in 0..n {
+            for kk in 0..k {
+                visit(j, kk);
             }
         }
     }
