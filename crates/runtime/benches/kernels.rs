@@ -1,5 +1,7 @@
 //! Criterion benches of the executor's key kernels: dense square GEMMs and the expert GEMMs
-//! (one thread and the batched pool), the one-hot dispatch einsum (sparse path), a
+//! (one thread and the batched pool), our AVX2 GEMM called directly on one expert's shapes
+//! (`raw_sgemm_*`) next to the `gemm` crate and the core's FMA peak, the one-hot dispatch
+//! einsum (sparse path), a
 //! transpose of the expert buffer, and fused elementwise chains (a softmax-like chain and
 //! the ReLU backward chain). Throughput is reported in elements or FLOPs.
 //!
