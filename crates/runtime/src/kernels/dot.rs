@@ -51,12 +51,35 @@ struct Side {
     cs: usize,
 }
 
-/// Where each batch matrix of the result is written: `out[batch_off[b] + i*rs + j*cs]`.
+/// Where each batch matrix of the result is written: `out[batch_off[b] + i*rs + col(j)]`,
+/// `col(j) = j*cs`, or `col_off[j]` when the column dims of a fused transpose do not merge
+/// into one stride.
 #[derive(Clone, Debug, PartialEq)]
 struct OutLayout {
     batch_off: Vec<usize>,
     rs: usize,
     cs: usize,
+    col_off: Option<Vec<usize>>,
+}
+
+impl OutLayout {
+    /// Offset of column `j` inside a batch matrix.
+    #[inline]
+    fn col(&self, j: usize) -> usize {
+        match &self.col_off {
+            Some(t) => t[j],
+            None => j * self.cs,
+        }
+    }
+
+    /// The largest offset of a `m x n` batch matrix's element (`m, n >= 1`).
+    fn last(&self, m: usize, n: usize) -> usize {
+        let cmax = match &self.col_off {
+            Some(t) => t.iter().copied().max().unwrap_or(0),
+            None => (n - 1) * self.cs,
+        };
+        (m - 1) * self.rs + cmax
+    }
 }
 
 /// A dot-general normalised to `[B, M, K] x [B, K, N] -> [B, M, N]`.
@@ -198,14 +221,16 @@ impl DotPlan {
                 batch_off: (0..b).map(|i| i * m * n).collect(),
                 rs: n,
                 cs: 1,
+                col_off: None,
             },
             transposed: false,
         }
     }
 
     /// Write the result directly in the layout of `transpose(result, perm)` (result dim
-    /// `perm[j]` becomes dim `j`), if the row dims and the column dims each stay a single
-    /// stride there. Returns whether the plan now produces the transposed value.
+    /// `perm[j]` becomes dim `j`), if the row dims stay a single stride there (the column
+    /// dims too, or else each column gets its own offset). Returns whether the plan now
+    /// produces the transposed value.
     pub fn fuse_output_transpose(&mut self, perm: &[usize]) -> bool {
         let tshape: Vec<usize> = perm.iter().map(|&p| self.out_shape[p]).collect();
         let tst = super::strides(&tshape);
@@ -218,16 +243,18 @@ impl DotPlan {
         let all: Vec<usize> = (0..perm.len()).collect();
         let (bd, rest) = all.split_at(nb);
         let (ld, rd) = rest.split_at(nl);
-        let (Some(rs), Some(cs)) = (
-            merged_stride(&self.out_shape, &st, ld),
-            merged_stride(&self.out_shape, &st, rd),
-        ) else {
+        let Some(rs) = merged_stride(&self.out_shape, &st, ld) else {
             return false;
+        };
+        let (cs, col_off) = match merged_stride(&self.out_shape, &st, rd) {
+            Some(cs) => (cs, None),
+            None => (0, Some(offsets(&self.out_shape, &st, rd))),
         };
         self.out = OutLayout {
             batch_off: offsets(&self.out_shape, &st, bd),
             rs,
             cs,
+            col_off,
         };
         self.transposed = true;
         true
@@ -346,7 +373,7 @@ unsafe impl<T: Send> Send for OutPtr<T> {}
 // SAFETY: as above; shared references never read through the pointer.
 unsafe impl<T: Send> Sync for OutPtr<T> {}
 
-/// One dense GEMM `out[ob + i*ors + j*ocs] = (l · r)[i, j]`.
+/// One dense GEMM into batch entry `ob` of the result.
 #[allow(clippy::too_many_arguments)]
 fn gemm_one<T: GemmFloat>(
     p: &DotPlan,
@@ -358,9 +385,43 @@ fn gemm_one<T: GemmFloat>(
     ob: usize,
     par: gemm::Parallelism,
 ) {
+    let Some(cols) = &p.out.col_off else {
+        return gemm_strided(p, l, lb, r, rb, out, ob, p.out.rs, p.out.cs, par);
+    };
+    // Columns at their own offsets (a fused transpose whose column dims do not merge; the
+    // sparse paths are the usual case): multiply into a row-major scratch, then place it.
+    let (m, n) = (p.m, p.n);
+    let mut tmp = vec![T::ZERO; m * n];
+    let tp = OutPtr {
+        ptr: tmp.as_mut_ptr(),
+        len: tmp.len(),
+    };
+    gemm_strided(p, l, lb, r, rb, tp, 0, n, 1, par);
+    assert!(ob + p.out.last(m, n) < out.len);
+    for i in 0..m {
+        for (j, &c) in cols.iter().enumerate() {
+            // SAFETY: bounded by the assert above; this batch entry's elements only.
+            unsafe { *out.ptr.add(ob + i * p.out.rs + c) = tmp[i * n + j] };
+        }
+    }
+}
+
+/// One dense GEMM `out[ob + i*ors + j*ocs] = (l · r)[i, j]`.
+#[allow(clippy::too_many_arguments)]
+fn gemm_strided<T: GemmFloat>(
+    p: &DotPlan,
+    l: &[T],
+    lb: usize,
+    r: &[T],
+    rb: usize,
+    out: OutPtr<T>,
+    ob: usize,
+    ors: usize,
+    ocs: usize,
+    par: gemm::Parallelism,
+) {
     let (m, n, k) = (p.m, p.n, p.k);
     let (lrs, lcs, rrs, rcs) = (p.lhs.rs, p.lhs.cs, p.rhs.rs, p.rhs.cs);
-    let (ors, ocs) = (p.out.rs, p.out.cs);
     assert!(ob + (m - 1) * ors + (n - 1) * ocs < out.len);
     assert!(lb + (m - 1) * lrs + (k - 1) * lcs < l.len());
     assert!(rb + (k - 1) * rrs + (n - 1) * rcs < r.len());
@@ -467,12 +528,22 @@ fn axpy_out<T: GemmFloat>(out: OutPtr<T>, at: usize, v: T) {
 }
 
 fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
-    let (m, n, ors, ocs) = (p.m, p.n, p.out.rs, p.out.cs);
-    assert!(ob + (m - 1) * ors + (n - 1) * ocs < out.len);
-    for i in 0..m {
+    let (m, n, ors) = (p.m, p.n, p.out.rs);
+    assert!(ob + p.out.last(m, n) < out.len);
+    // SAFETY (both loops): bounded by the assert above; this batch entry's elements only.
+    if ors == 1 {
+        // Columns are the contiguous runs (a transposed result).
         for j in 0..n {
-            // SAFETY: bounded by the assert above; this batch entry's elements only.
-            unsafe { *out.ptr.add(ob + i * ors + j * ocs) = T::ZERO };
+            let o = ob + p.out.col(j);
+            for i in 0..m {
+                unsafe { *out.ptr.add(o + i) = T::ZERO };
+            }
+        }
+    } else {
+        for i in 0..m {
+            for j in 0..n {
+                unsafe { *out.ptr.add(ob + i * ors + p.out.col(j)) = T::ZERO };
+            }
         }
     }
 }
@@ -499,7 +570,7 @@ fn sparse_lhs<T: GemmFloat>(
         let o0 = ob + i * ors;
         let r0 = rb + kk * rrs;
         let row = &r[r0..r0 + (n - 1) * rcs + 1];
-        if ocs == 1 && rcs == 1 {
+        if ocs == 1 && rcs == 1 && p.out.col_off.is_none() {
             assert!(o0 + n <= out.len);
             // SAFETY: row `i` of this batch entry (`n` contiguous elements, bounded by
             // the assert) is written by this task only, and nothing else borrows it.
@@ -509,7 +580,7 @@ fn sparse_lhs<T: GemmFloat>(
             }
         } else {
             for j in 0..n {
-                axpy_out(out, o0 + j * ocs, v * row[j * rcs]);
+                axpy_out(out, o0 + p.out.col(j), v * row[j * rcs]);
             }
         }
     };
@@ -541,7 +612,7 @@ fn sparse_rhs<T: GemmFloat>(
 ) {
     let (m, n, k) = (p.m, p.n, p.k);
     let (lrs, lcs, rrs, rcs) = (p.lhs.rs, p.lhs.cs, p.rhs.rs, p.rhs.cs);
-    let (ors, ocs) = (p.out.rs, p.out.cs);
+    let ors = p.out.rs;
     zero_out(p, out, ob);
     let visit = |j: usize, kk: usize| {
         let v = r[rb + kk * rrs + j * rcs];
@@ -549,8 +620,9 @@ fn sparse_rhs<T: GemmFloat>(
             return;
         }
         let l0 = lb + kk * lcs;
+        let oc = p.out.col(j);
         for i in 0..m {
-            axpy_out(out, ob + i * ors + j * ocs, l[l0 + i * lrs] * v);
+            axpy_out(out, ob + i * ors + oc, l[l0 + i * lrs] * v);
         }
     };
     // As in `sparse_lhs`: the sparse operand is walked along its contiguous direction.
@@ -666,7 +738,7 @@ fn dot_i32(
                         l[lb + i * lrs + kk * lcs].wrapping_mul(r[rb + kk * rrs + j * rcs]),
                     );
                 }
-                out[p.out.batch_off[bb] + i * p.out.rs + j * p.out.cs] = acc;
+                out[p.out.batch_off[bb] + i * p.out.rs + p.out.col(j)] = acc;
             }
         }
     }
