@@ -339,15 +339,21 @@ impl GemmFloat for f64 {
     }
 }
 
+/// Whether at least 90 % of `x` is zeros. Stops as soon as more than a tenth is non-zero,
+/// so a dense operand (every expert GEMM is a candidate) costs a tenth of a pass, not one.
 fn mostly_zero<T: GemmFloat>(x: &[T]) -> bool {
-    let zeros = if x.len() >= super::PAR_MIN {
-        x.par_chunks(1 << 14)
-            .map(|c| c.iter().filter(|&&v| v == T::ZERO).count())
-            .sum::<usize>()
-    } else {
-        x.iter().filter(|&&v| v == T::ZERO).count()
-    };
-    zeros * 10 >= x.len() * 9
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let count = |c: &[T]| c.iter().filter(|&&v| v != T::ZERO).count();
+    let limit = x.len() / 10;
+    if x.len() < super::PAR_MIN {
+        return count(x) <= limit;
+    }
+    let nonzero = AtomicUsize::new(0);
+    let too_many = x.par_chunks(1 << 14).any(|c| {
+        let n = count(c);
+        nonzero.fetch_add(n, Ordering::Relaxed) + n > limit
+    });
+    !too_many
 }
 
 fn all_finite<T: GemmFloat>(x: &[T]) -> bool {
