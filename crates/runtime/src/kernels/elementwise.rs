@@ -481,23 +481,7 @@ fn walk_broadcast<T: Copy, U: Copy>(
                 }
             }
             pos += k * last;
-            idx[r - 2] += k;
-            off += k * rst;
-            if idx[r - 2] == shape[r - 2] {
-                off -= shape[r - 2] * rst;
-                idx[r - 2] = 0;
-                let mut d = r - 2;
-                while d > 0 {
-                    d -= 1;
-                    idx[d] += 1;
-                    off += st[d];
-                    if idx[d] < shape[d] {
-                        break;
-                    }
-                    off -= st[d] * shape[d];
-                    idx[d] = 0;
-                }
-            }
+            advance(&mut idx, &mut off, shape, st, r - 2, k);
             continue;
         }
         let m = (last - idx[r - 1]).min(n - pos);
@@ -515,23 +499,30 @@ fn walk_broadcast<T: Copy, U: Copy>(
             }
         }
         pos += m;
-        idx[r - 1] += m;
-        off += m * lst;
-        if idx[r - 1] == last {
-            off -= last * lst;
-            idx[r - 1] = 0;
-            let mut d = r - 1;
-            while d > 0 {
-                d -= 1;
-                idx[d] += 1;
-                off += st[d];
-                if idx[d] < shape[d] {
-                    break;
-                }
-                off -= st[d] * shape[d];
-                idx[d] = 0;
-            }
+        advance(&mut idx, &mut off, shape, st, r - 1, m);
+    }
+}
+
+/// Move the multi-index `idx` (and its operand offset `off`) `k` steps along dim `d`, which
+/// must not pass the dim's end; reaching it wraps to 0 and carries into the outer dims.
+fn advance(idx: &mut [usize], off: &mut usize, shape: &[usize], st: &[usize], d: usize, k: usize) {
+    idx[d] += k;
+    *off += k * st[d];
+    if idx[d] < shape[d] {
+        return;
+    }
+    *off -= shape[d] * st[d];
+    idx[d] = 0;
+    let mut d = d;
+    while d > 0 {
+        d -= 1;
+        idx[d] += 1;
+        *off += st[d];
+        if idx[d] < shape[d] {
+            break;
         }
+        *off -= st[d] * shape[d];
+        idx[d] = 0;
     }
 }
 

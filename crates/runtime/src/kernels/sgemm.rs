@@ -231,6 +231,8 @@ unsafe fn blocked(
                                 for (q, &i) in tile.iter().enumerate() {
                                     crow[q] = c.ptr.add(i * c.rs + (jc + jr) * c.cs);
                                 }
+                                let mr = tile.len();
+                                #[cfg(target_arch = "x86_64")]
                                 if direct {
                                     // Rows past a partial tile read row `tile[0]` again
                                     // (computed, never stored).
@@ -238,10 +240,15 @@ unsafe fn blocked(
                                     for (q, &i) in tile.iter().enumerate() {
                                         arow[q] = a.ptr.add(i * a.rs + kidx[0]);
                                     }
-                                    kernel_rows(kc, &arow, bp, &crow, c.cs, tile.len(), nr, first);
+                                    avx2::kernel_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
                                 } else {
                                     let ap = pa[t * MR * kc..].as_ptr();
-                                    kernel(kc, ap, bp, &crow, c.cs, tile.len(), nr, first);
+                                    avx2::kernel(kc, ap, bp, &crow, c.cs, mr, nr, first);
+                                }
+                                #[cfg(not(target_arch = "x86_64"))]
+                                {
+                                    let _ = (t, mr, nr, first, direct, &crow, bp);
+                                    unreachable!("sgemm::available() is false off x86-64");
                                 }
                             }
                         }
@@ -388,65 +395,6 @@ unsafe fn pack_b(
     finite
 }
 
-/// The `MR x NR` micro-kernel: `C[tile] (=|+=) Apanel · Bpanel` over `kc` packed steps,
-/// writing only the top-left `mr x nr`: row `i` of the tile starts at `c[i]`, its columns
-/// `cs` apart (`first`: overwrite, else accumulate).
-///
-/// # Safety
-/// AVX2 and FMA are available; `a` holds `kc * MR` and `b` `kc * NR` readable floats; the
-/// `mr x nr` elements `c[i] + j*cs` are writable and touched by no other thread.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-unsafe fn kernel(
-    kc: usize,
-    a: *const f32,
-    b: *const f32,
-    c: &[*mut f32; MR],
-    cs: usize,
-    mr: usize,
-    nr: usize,
-    first: bool,
-) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: forwarded contract.
-    unsafe {
-        avx2::kernel(kc, a, b, c, cs, mr, nr, first)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (kc, a, b, c, cs, mr, nr, first);
-        unreachable!("sgemm::available() is false off x86-64");
-    }
-}
-
-/// [`kernel`] reading A in place: row `i` of the tile is `kc` contiguous floats at `a[i]`.
-///
-/// # Safety
-/// As [`kernel`], with `kc` floats readable at each `a[i]`.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-unsafe fn kernel_rows(
-    kc: usize,
-    a: &[*const f32; MR],
-    b: *const f32,
-    c: &[*mut f32; MR],
-    cs: usize,
-    mr: usize,
-    nr: usize,
-    first: bool,
-) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: forwarded contract.
-    unsafe {
-        avx2::kernel_rows(kc, a, b, c, cs, mr, nr, first)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (kc, a, b, c, cs, mr, nr, first);
-        unreachable!("sgemm::available() is false off x86-64");
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{MR, NR};
@@ -470,7 +418,7 @@ mod avx2 {
     /// Write (`first`) or add the accumulators to the top-left `mr x nr` of the C tile.
     ///
     /// # Safety
-    /// As [`super::kernel`] for `c`.
+    /// As [`kernel`] for `c`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn store(acc: &Acc, c: &[*mut f32; MR], cs: usize, mr: usize, nr: usize, first: bool) {
@@ -575,7 +523,14 @@ mod avx2 {
         }
     }
 
-    /// See [`super::kernel`].
+    /// The `MR x NR` micro-kernel: `C[tile] (=|+=) Apanel · Bpanel` over `kc` packed
+    /// steps, writing only the top-left `mr x nr`: row `i` of the tile starts at `c[i]`, its
+    /// columns `cs` apart (`first`: overwrite, else accumulate).
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available; `a` holds `kc * MR` and `b` `kc * NR` readable floats
+    /// (`b` 32-byte aligned); the `mr x nr` elements `c[i] + j*cs` are writable and touched
+    /// by no other thread.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn kernel(
@@ -608,7 +563,11 @@ mod avx2 {
         }
     }
 
-    /// See [`super::kernel_rows`].
+    /// [`kernel`] reading A in place: row `i` of the tile is `kc` contiguous floats at
+    /// `a[i]`.
+    ///
+    /// # Safety
+    /// As [`kernel`], with `kc` floats readable at each `a[i]`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn kernel_rows(
