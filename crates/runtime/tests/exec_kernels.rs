@@ -20,13 +20,8 @@ use proptest::prelude::*;
 use runtime::{Executable, HostTensor, InProcess, Profiler};
 use std::collections::HashMap;
 
-fn cases() -> ProptestConfig {
-    let n = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(48);
-    ProptestConfig::with_cases(n)
-}
+mod common;
+use common::cases;
 
 /// A small deterministic generator driven by the proptest seed.
 struct Rng(u64);

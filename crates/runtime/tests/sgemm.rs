@@ -8,13 +8,8 @@
 use proptest::prelude::*;
 use runtime::kernels::sgemm::{available, sgemm, MatMut, MatRef};
 
-fn cases() -> ProptestConfig {
-    let n = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(48);
-    ProptestConfig::with_cases(n)
-}
+mod common;
+use common::cases;
 
 /// xorshift driven by the proptest seed.
 struct Rng(u64);

@@ -590,18 +590,23 @@ fn sparse_lhs<T: GemmFloat>(
             }
         }
     };
-    // Walk the sparse operand along its contiguous direction; either order adds the terms
-    // of every output element in increasing `k`.
-    if lrs == 1 && lcs != 1 {
+    sparse_walk(lrs == 1 && lcs != 1, m, k, visit);
+}
+
+/// Call `visit(a, kk)` for every `a < n`, `kk < k`, with `kk` the outer loop when `k_outer`
+/// (so the sparse operand is walked along its contiguous direction). Either order adds the
+/// terms of every output element in increasing `k`.
+fn sparse_walk(k_outer: bool, n: usize, k: usize, visit: impl Fn(usize, usize)) {
+    if k_outer {
         for kk in 0..k {
-            for i in 0..m {
-                visit(i, kk);
+            for a in 0..n {
+                visit(a, kk);
             }
         }
     } else {
-        for i in 0..m {
+        for a in 0..n {
             for kk in 0..k {
-                visit(i, kk);
+                visit(a, kk);
             }
         }
     }
@@ -631,20 +636,7 @@ fn sparse_rhs<T: GemmFloat>(
             axpy_out(out, ob + i * ors + oc, l[l0 + i * lrs] * v);
         }
     };
-    // As in `sparse_lhs`: the sparse operand is walked along its contiguous direction.
-    if rcs == 1 && rrs != 1 {
-        for kk in 0..k {
-            for j in 0..n {
-                visit(j, kk);
-            }
-        }
-    } else {
-        for j in 0..n {
-            for kk in 0..k {
-                visit(j, kk);
-            }
-        }
-    }
+    sparse_walk(rcs == 1 && rrs != 1, n, k, visit);
 }
 
 fn dot_float<T: GemmFloat>(

@@ -1,4 +1,5 @@
-//! Helpers shared by the runtime integration tests: input maps, one-call runs, comparisons.
+//! Helpers shared by the runtime integration tests: input maps, one-call runs, comparisons,
+//! and the proptest case count.
 #![allow(dead_code)]
 
 use ir::Program;
@@ -32,4 +33,13 @@ pub fn assert_close(a: &[f64], b: &[f64], tol: f64) {
 /// Exact equality, NaN matching NaN.
 pub fn assert_same(a: &[f64], b: &[f64]) {
     assert_close(a, b, 0.0);
+}
+
+/// A proptest config running 48 cases, or `PROPTEST_CASES` when that is set.
+pub fn cases() -> proptest::prelude::ProptestConfig {
+    let n = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48);
+    proptest::prelude::ProptestConfig::with_cases(n)
 }
