@@ -28,8 +28,10 @@
 //! included, aliases counted once); `peak_resident_bytes_per_device` adds the pool.
 
 use crate::comm::{wire_bytes, CommError, Communicator};
-use crate::kernels::dot::{dot, DotPath, DotPlan};
-use crate::kernels::elementwise::{collapse_broadcast, run_fused_inplace, Fused, Node};
+use crate::kernels::dot::{dot, dot_then, DotPath, DotPlan};
+use crate::kernels::elementwise::{
+    collapse_broadcast, run_fused_inplace, run_fused_part, Fused, Node,
+};
 use crate::kernels::{bytes, conv, index, layout, reduce, scalar_f64, strides, zeros};
 use crate::profile::{Profiler, TraceEvent};
 use crate::reference::RuntimeError;
@@ -103,6 +105,18 @@ enum Kind {
     /// Shares the buffer of this value.
     Alias(usize),
     Dot(Box<DotPlan>),
+    /// An f32 dot (value `dot`) whose batch entries go, each right after its GEMM, through
+    /// the f32 fused group `f` that reads it as input `slot`: the group's result is this
+    /// step's value. With `keep`, the dot's result is materialised too (other steps read
+    /// it); without, the group runs in place over it.
+    DotFused {
+        plan: Box<DotPlan>,
+        dot: usize,
+        f: Fused,
+        inputs: Vec<usize>,
+        slot: usize,
+        keep: bool,
+    },
     Kernel,
     Collective,
 }
@@ -111,6 +125,8 @@ enum Kind {
 struct Step {
     /// The instruction whose value this step produces.
     instr: usize,
+    /// A second value it produces (a dot materialised by [`Kind::DotFused`]).
+    also: Option<usize>,
     kind: Kind,
     /// Values read.
     reads: Vec<usize>,
@@ -429,6 +445,99 @@ fn identity_op(p: &Program, i: usize, op: &Op) -> bool {
     }
 }
 
+/// Merge each f32 dot with an f32 elementwise group that reads it into one
+/// [`Kind::DotFused`] step: every batch entry of the product goes through the group right
+/// after its GEMM, while it is in cache, instead of in a second pass over memory (the ReLU
+/// after an expert's up-projection, the ReLU mask on its gradient). The values computed are
+/// the same. The merged step takes the dot's place when every other input of the group
+/// exists by then (required when the dot's result is also read elsewhere), else the
+/// group's.
+fn fuse_dot_epilogues(p: &Program, steps: &mut Vec<Step>) {
+    let mut producer: HashMap<usize, usize> = HashMap::new();
+    let mut readers: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (si, s) in steps.iter().enumerate() {
+        producer.insert(s.instr, si);
+        for &r in &s.reads {
+            let rs = readers.entry(r).or_default();
+            if rs.last() != Some(&si) {
+                rs.push(si);
+            }
+        }
+    }
+    let is_output = |v: usize| p.outputs.iter().any(|(_, o)| o.index() == v);
+    let f32_value = |v: usize| p.instrs[v].ty.dtype == DType::F32;
+    let mut gone = vec![false; steps.len()];
+    for d in 0..steps.len() {
+        let Kind::Dot(plan) = &steps[d].kind else {
+            continue;
+        };
+        let dv = steps[d].instr;
+        if gone[d] || plan.writes_transposed() || !steps[d].reads.iter().all(|&v| f32_value(v)) {
+            continue;
+        }
+        let rs = readers.get(&dv).map(Vec::as_slice).unwrap_or(&[]);
+        let keep = rs.len() > 1 || is_output(dv);
+        let Some((j, slot, early)) = rs.iter().find_map(|&j| {
+            let Kind::Fused {
+                f,
+                inputs,
+                inplace_ok,
+            } = &steps[j].kind
+            else {
+                return None;
+            };
+            let slot = inputs.iter().position(|&v| v == dv)?;
+            let others_ready = inputs
+                .iter()
+                .all(|&v| v == dv || producer.get(&v).is_some_and(|&q| q < d));
+            (!gone[j]
+                && f32_value(steps[j].instr)
+                && f.len == p.instrs[dv].ty.num_elements()
+                && inplace_ok[slot]
+                && (others_ready || !keep))
+                .then_some((j, slot, others_ready))
+        }) else {
+            continue;
+        };
+        let Kind::Fused { f, inputs, .. } = std::mem::replace(&mut steps[j].kind, Kind::Kernel)
+        else {
+            unreachable!("matched above")
+        };
+        let Kind::Dot(plan) = std::mem::replace(&mut steps[d].kind, Kind::Kernel) else {
+            unreachable!("matched above")
+        };
+        let mut reads = steps[d].reads.clone();
+        reads.extend(inputs.iter().copied().filter(|&v| v != dv));
+        let merged = Step {
+            instr: steps[j].instr,
+            also: keep.then_some(dv),
+            kind: Kind::DotFused {
+                plan,
+                dot: dv,
+                f,
+                inputs,
+                slot,
+                keep,
+            },
+            reads,
+            frees: Vec::new(),
+            label: format!("{} +{}", steps[d].label, steps[j].label),
+            cat: "dot",
+        };
+        // At the dot's place when possible: later, the group's other inputs may die there
+        // and the result could no longer reuse their buffers (the unfused group writes in
+        // place over one), so the fused step would raise the peak.
+        let (at, drop) = if early { (d, j) } else { (j, d) };
+        steps[at] = merged;
+        gone[drop] = true;
+    }
+    let mut k = 0;
+    steps.retain(|_| {
+        k += 1;
+        !gone[k - 1]
+    });
+}
+
 fn op_label(i: usize, ins: &Instr) -> String {
     format!("{} %{i}", ins.op.name())
 }
@@ -497,6 +606,7 @@ impl Executable {
             let operands: Vec<usize> = ins.operands.iter().map(|o| o.index()).collect();
             let step = |kind: Kind, reads: Vec<usize>, cat: &'static str, label: String| Step {
                 instr: i,
+                also: None,
                 kind,
                 reads,
                 frees: Vec::new(),
@@ -631,6 +741,9 @@ impl Executable {
                 }
             }
         }
+        if !reference_kernels {
+            fuse_dot_epilogues(p, &mut steps);
+        }
         // Buffer classes and liveness.
         let mut class: Vec<usize> = (0..n).collect();
         for s in &steps {
@@ -640,12 +753,15 @@ impl Executable {
         }
         let mut members: Vec<Vec<usize>> = vec![Vec::new(); n];
         for s in &steps {
-            members[class[s.instr]].push(s.instr);
+            for v in std::iter::once(s.instr).chain(s.also) {
+                members[class[v]].push(v);
+            }
         }
         let mut last_read: Vec<usize> = vec![0; n];
         for (si, s) in steps.iter().enumerate() {
-            let c = class[s.instr];
-            last_read[c] = last_read[c].max(si);
+            for v in std::iter::once(s.instr).chain(s.also) {
+                last_read[class[v]] = last_read[class[v]].max(si);
+            }
             for &r in &s.reads {
                 last_read[class[r]] = last_read[class[r]].max(si);
             }
@@ -699,7 +815,7 @@ impl Executable {
         let mut groups = 0;
         let mut ops = 0;
         for s in &self.steps {
-            if let Kind::Fused { f, .. } = &s.kind {
+            if let Kind::Fused { f, .. } | Kind::DotFused { f, .. } = &s.kind {
                 groups += 1;
                 ops += f.ops();
             }
@@ -1084,6 +1200,73 @@ impl Dev<'_> {
                     detail.insert_str(0, "gemm ");
                 }
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
+            }
+            Kind::DotFused {
+                plan,
+                dot,
+                f,
+                inputs,
+                slot,
+                keep,
+            } => {
+                let dot_ty = &exe.program.instrs[*dot].ty;
+                let (l, r) = (s.reads[0], s.reads[1]);
+                let mut d = self.alloc(dot_ty);
+                let mut o = if *keep {
+                    Some(self.alloc(&ins.ty))
+                } else {
+                    None
+                };
+                let path = {
+                    let empty = Data::Bool(Vec::new());
+                    let ins_data: Vec<&Data> = inputs
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &v)| if k == *slot { &empty } else { self.data(v) })
+                        .collect();
+                    let (Data::F32(lv), Data::F32(rv), Data::F32(dv)) =
+                        (self.data(l), self.data(r), &mut d)
+                    else {
+                        unreachable!("fused dots are f32")
+                    };
+                    let mn = plan.m * plan.n;
+                    // With `keep`, each entry's group output goes to its own chunk of `o`.
+                    let parts: Vec<std::sync::Mutex<&mut [f32]>> = match &mut o {
+                        Some(Data::F32(ov)) => ov
+                            .chunks_mut(mn.max(1))
+                            .map(std::sync::Mutex::new)
+                            .collect(),
+                        _ => Vec::new(),
+                    };
+                    let epi = |bb: usize, x: &mut [f32]| match parts.get(bb) {
+                        Some(part) => {
+                            let mut part = part.lock().unwrap_or_else(|e| e.into_inner());
+                            run_fused_part(f, &ins_data, bb * mn, &mut part, *slot, Some(x));
+                        }
+                        None => run_fused_part(f, &ins_data, bb * mn, x, *slot, None),
+                    };
+                    dot_then(
+                        plan,
+                        &exe.program.instrs[l].ty.shape,
+                        lv,
+                        &exe.program.instrs[r].ty.shape,
+                        rv,
+                        dv,
+                        &epi,
+                    )
+                };
+                flops = plan.flops();
+                detail = format!(
+                    "{:?} B={} M={} N={} K={} + fused epilogue",
+                    path, plan.b, plan.m, plan.n, plan.k
+                );
+                match o {
+                    Some(o) => {
+                        self.vals[*dot] = Some(Buf::Own(Arc::new(d)));
+                        self.vals[s.instr] = Some(Buf::Own(Arc::new(o)));
+                    }
+                    None => self.vals[s.instr] = Some(Buf::Own(Arc::new(d))),
+                }
             }
             Kind::Kernel => {
                 let out = if exe.reference_kernels {

@@ -639,6 +639,9 @@ fn sparse_rhs<T: GemmFloat>(
     sparse_walk(rcs == 1 && rrs != 1, n, k, visit);
 }
 
+/// A per-batch-entry epilogue: `epi(bb, entry)` with entry `bb`'s finished `m x n` result.
+pub type Epilogue<'a, T> = &'a (dyn Fn(usize, &mut [T]) + Sync);
+
 fn dot_float<T: GemmFloat>(
     p: &DotPlan,
     lhs_shape: &[usize],
@@ -646,13 +649,23 @@ fn dot_float<T: GemmFloat>(
     rhs_shape: &[usize],
     r: &[T],
     out: &mut [T],
+    epi: Option<Epilogue<T>>,
 ) -> DotPath {
     let (b, m, n, k) = (p.b, p.m, p.n, p.k);
+    // Entries the GEMM loop did not hand to the epilogue get it afterwards, in parallel.
+    let after = |out: &mut [T]| {
+        if let Some(epi) = epi {
+            out.par_chunks_mut((m * n).max(1))
+                .enumerate()
+                .for_each(|(bb, x)| epi(bb, x));
+        }
+    };
     if b * m * n == 0 {
         return DotPath::Empty;
     }
     if k == 0 {
         out.fill(T::ZERO);
+        after(out);
         return DotPath::Empty;
     }
     let flops = p.flops();
@@ -664,16 +677,27 @@ fn dot_float<T: GemmFloat>(
     } else {
         DotPath::Dense
     };
-    T::with_scratch(|lbuf, rbuf| {
+    let done = T::with_scratch(|lbuf, rbuf| {
         let l = p.lhs.prepare(lhs_shape, l, lbuf);
         let r = p.rhs.prepare(rhs_shape, r, rbuf);
-        dense_or_sparse(p, path, l, r, out);
+        dense_or_sparse(p, path, l, r, out, epi)
     });
+    if !done {
+        after(out);
+    }
     path
 }
 
-/// Run the batch of GEMMs (or sparse products) on prepared operands.
-fn dense_or_sparse<T: GemmFloat>(p: &DotPlan, path: DotPath, l: &[T], r: &[T], out: &mut [T]) {
+/// Run the batch of GEMMs (or sparse products) on prepared operands. Returns whether the
+/// epilogue ran (each entry's right after its GEMM: a dense batch split over the pool).
+fn dense_or_sparse<T: GemmFloat>(
+    p: &DotPlan,
+    path: DotPath,
+    l: &[T],
+    r: &[T],
+    out: &mut [T],
+    epi: Option<Epilogue<T>>,
+) -> bool {
     let b = p.b;
     let threads = rayon::current_num_threads().max(1);
     let optr = OutPtr {
@@ -695,6 +719,21 @@ fn dense_or_sparse<T: GemmFloat>(p: &DotPlan, path: DotPath, l: &[T], r: &[T], o
         }
     };
     let sparse = path != DotPath::Dense;
+    if let (Some(epi), false) = (epi, sparse || b < 2 * threads || p.transposed) {
+        let mn = p.m * p.n;
+        out.par_chunks_mut(mn).enumerate().for_each(|(bb, x)| {
+            // The untransposed result: entry `bb` is exactly this chunk.
+            debug_assert_eq!(p.out.batch_off[bb], bb * mn);
+            let (lb, rb) = (p.lhs.batch_off[bb], p.rhs.batch_off[bb]);
+            let o = OutPtr {
+                ptr: x.as_mut_ptr(),
+                len: x.len(),
+            };
+            gemm_one(p, l, lb, r, rb, o, 0, gemm::Parallelism::None);
+            epi(bb, x);
+        });
+        return true;
+    }
     if b >= 2 * threads || (sparse && b >= 2) {
         (0..b)
             .into_par_iter()
@@ -711,6 +750,7 @@ fn dense_or_sparse<T: GemmFloat>(p: &DotPlan, path: DotPath, l: &[T], r: &[T], o
             one(bb, par);
         }
     }
+    false
 }
 
 fn dot_i32(
@@ -759,12 +799,16 @@ pub fn dot(
     out: &mut Data,
 ) -> DotPath {
     match (lhs, rhs, out) {
-        (Data::F32(l), Data::F32(r), Data::F32(o)) => dot_float(p, lhs_shape, l, rhs_shape, r, o),
-        (Data::F64(l), Data::F64(r), Data::F64(o)) => dot_float(p, lhs_shape, l, rhs_shape, r, o),
+        (Data::F32(l), Data::F32(r), Data::F32(o)) => {
+            dot_float(p, lhs_shape, l, rhs_shape, r, o, None)
+        }
+        (Data::F64(l), Data::F64(r), Data::F64(o)) => {
+            dot_float(p, lhs_shape, l, rhs_shape, r, o, None)
+        }
         (Data::BF16(l), Data::BF16(r), Data::BF16(o)) => {
             let (l, r) = (widen(l), widen(r));
             let mut acc = vec![0.0f32; o.len()];
-            let path = dot_float(p, lhs_shape, &l, rhs_shape, &r, &mut acc);
+            let path = dot_float(p, lhs_shape, &l, rhs_shape, &r, &mut acc, None);
             o.par_iter_mut()
                 .with_min_len(1 << 14)
                 .zip(&acc)
@@ -777,6 +821,23 @@ pub fn dot(
         }
         (l, _, o) => panic!("dot_general of {} into {}", l.dtype(), o.dtype()),
     }
+}
+
+/// An f32 [`dot`] followed by `epi` on every batch entry of the result (`m x n` values at
+/// `bb * m * n`; the plan must not write transposed). A dense batch split over the pool
+/// runs each entry's epilogue right after its GEMM, while the entry is still in cache (an
+/// elementwise consumer fused into the GEMM's output: no second pass over memory).
+pub fn dot_then(
+    p: &DotPlan,
+    lhs_shape: &[usize],
+    lhs: &[f32],
+    rhs_shape: &[usize],
+    rhs: &[f32],
+    out: &mut [f32],
+    epi: Epilogue<f32>,
+) -> DotPath {
+    assert!(!p.transposed, "an epilogue needs the untransposed result");
+    dot_float(p, lhs_shape, lhs, rhs_shape, rhs, out, Some(epi))
 }
 
 /// The dtype a dot accumulates in (for documentation and profiles).

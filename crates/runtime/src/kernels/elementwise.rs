@@ -729,12 +729,16 @@ impl Store for bool {
     }
 }
 
+/// Evaluate elements `start..start + out.len()` into `out`. Input `inplace` (read only as
+/// `Node::Input`) comes from `pre` (its values over the same range) or, without one, from
+/// `out` itself.
 fn run_range<T: Store>(
     f: &Fused,
     inputs: &[&Data],
     start: usize,
     out: &mut [T],
     inplace: Option<usize>,
+    pre: Option<&[f32]>,
 ) {
     let mut sc: Vec<Sc> = f.nodes.iter().map(|(_, dt)| scratch(*dt)).collect();
     for ((node, dt), s) in f.nodes.iter().zip(sc.iter_mut()) {
@@ -747,7 +751,10 @@ fn run_range<T: Store>(
     for c in (0..out.len()).step_by(CHUNK) {
         let n = CHUNK.min(out.len() - c);
         if let Some(j) = inplace_node {
-            T::load(&out[c..c + n], &mut sc[j]);
+            match pre {
+                Some(x) => f32::load(&x[c..c + n], &mut sc[j]),
+                None => T::load(&out[c..c + n], &mut sc[j]),
+            }
         }
         eval_chunk(f, inputs, start + c, n, &mut sc, inplace);
         T::store(&sc[root], &mut out[c..c + n]);
@@ -757,14 +764,31 @@ fn run_range<T: Store>(
 fn drive<T: Store>(f: &Fused, inputs: &[&Data], out: &mut [T], inplace: Option<usize>) {
     let n = out.len();
     if n < PAR_MIN {
-        run_range(f, inputs, 0, out, inplace);
+        run_range(f, inputs, 0, out, inplace, None);
         return;
     }
     let threads = rayon::current_num_threads().max(1);
     let task = (n / (threads * 4)).div_ceil(CHUNK).max(4) * CHUNK;
     out.par_chunks_mut(task)
         .enumerate()
-        .for_each(|(c, part)| run_range(f, inputs, c * task, part, inplace));
+        .for_each(|(c, part)| run_range(f, inputs, c * task, part, inplace, None));
+}
+
+/// Evaluate elements `start..start + out.len()` of an f32 group, serially, on this thread
+/// (one batch entry of a GEMM's epilogue): input `slot` (an f32 value read only as
+/// `Node::Input`) is taken from `slot_vals` over the same range, or from `out` itself when
+/// `None` (in place); `inputs[slot]` is ignored.
+pub fn run_fused_part(
+    f: &Fused,
+    inputs: &[&Data],
+    start: usize,
+    out: &mut [f32],
+    slot: usize,
+    slot_vals: Option<&[f32]>,
+) {
+    debug_assert!(start + out.len() <= f.len);
+    debug_assert!(slot_vals.is_none_or(|x| x.len() == out.len()));
+    run_range(f, inputs, start, out, Some(slot), slot_vals)
 }
 
 /// Evaluate the group into `out` (the root's dtype, `f.len` elements).

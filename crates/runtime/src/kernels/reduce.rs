@@ -298,31 +298,77 @@ pub fn argmax(x: &Data, shape: &[usize], dim: usize, out: &mut Data) {
     let Data::I32(o) = out else {
         panic!("argmax writes i32")
     };
-    fn run<T: Copy + PartialOrd>(
+    /// One outer block: `x` holds `n x inner` values, `o` its `inner` results.
+    fn block<T: Copy + PartialOrd>(
         x: &[T],
         o: &mut [i32],
-        (outer, n, inner): (usize, usize, usize),
-        is_nan: impl Fn(T) -> bool,
+        n: usize,
+        is_nan: &impl Fn(T) -> bool,
+        best: &mut Vec<T>,
     ) {
-        o.fill(0);
-        if n == 0 {
-            return;
-        }
-        let mut best: Vec<T> = Vec::with_capacity(inner);
-        for b in 0..outer {
-            best.clear();
-            best.extend_from_slice(&x[b * n * inner..b * n * inner + inner]);
-            let ob = &mut o[b * inner..(b + 1) * inner];
-            for j in 1..n {
-                let row = &x[(b * n + j) * inner..(b * n + j + 1) * inner];
-                for i in 0..inner {
-                    let (v, bv) = (row[i], best[i]);
-                    if !is_nan(bv) && (is_nan(v) || v > bv) {
-                        best[i] = v;
-                        ob[i] = j as i32;
+        let inner = o.len();
+        if inner == 1 {
+            // A contiguous row: the first maximum (the first NaN, if any).
+            let (mut bi, mut bv) = (0usize, x[0]);
+            if !is_nan(bv) {
+                for (j, &v) in x.iter().enumerate().skip(1) {
+                    if is_nan(v) {
+                        bi = j;
+                        break;
+                    }
+                    if v > bv {
+                        (bi, bv) = (j, v);
                     }
                 }
             }
+            o[0] = bi as i32;
+            return;
+        }
+        best.clear();
+        best.extend_from_slice(&x[..inner]);
+        o.fill(0);
+        for j in 1..n {
+            let row = &x[j * inner..(j + 1) * inner];
+            for i in 0..inner {
+                let (v, bv) = (row[i], best[i]);
+                if !is_nan(bv) && (is_nan(v) || v > bv) {
+                    best[i] = v;
+                    o[i] = j as i32;
+                }
+            }
+        }
+    }
+    fn run<T: Copy + PartialOrd + Send + Sync>(
+        x: &[T],
+        o: &mut [i32],
+        (outer, n, inner): (usize, usize, usize),
+        is_nan: impl Fn(T) -> bool + Sync,
+    ) {
+        if n == 0 || inner == 0 {
+            o.fill(0);
+            return;
+        }
+        // Outer blocks are independent: split them over the pool when large.
+        let per = (PAR_MIN / (n * inner)).max(1);
+        let blocks = |first: usize, part: &mut [i32]| {
+            let mut best = Vec::new();
+            for (t, ob) in part.chunks_mut(inner).enumerate() {
+                let b = first + t;
+                block(
+                    &x[b * n * inner..(b + 1) * n * inner],
+                    ob,
+                    n,
+                    &is_nan,
+                    &mut best,
+                );
+            }
+        };
+        if outer * n * inner < PAR_MIN || outer < 2 {
+            blocks(0, o);
+        } else {
+            o.par_chunks_mut(inner * per)
+                .enumerate()
+                .for_each(|(c, part)| blocks(c * per, part));
         }
     }
     let dims = (outer, n, inner);
