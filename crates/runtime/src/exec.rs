@@ -697,11 +697,10 @@ impl Executable {
                     // A transpose that is the only user: write the result in its layout.
                     if let ([c], false) = (consumers[i].as_slice(), is_output[i]) {
                         if let Op::Transpose { perm } = &p.instrs[*c].op {
-                            if plan.fuse_output_transpose(perm) {
-                                let label = format!("{label} +transpose %{c}");
-                                pending_dot.insert(*c, (plan, operands, label));
-                                continue;
-                            }
+                            plan.fuse_output_transpose(perm);
+                            let label = format!("{label} +transpose %{c}");
+                            pending_dot.insert(*c, (plan, operands, label));
+                            continue;
                         }
                     }
                     steps.push(step(Kind::Dot(Box::new(plan)), operands, "dot", label));

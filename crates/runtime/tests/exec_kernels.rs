@@ -649,10 +649,18 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
         &[&dy, &comb_v],
         None,
     );
+    // The dense operand's contracting dims do not merge (a copy for the GEMM; read in place
+    // by the sparse path).
+    let back3 = b.emit(
+        Op::DotGeneral(dd(vec![1], vec![0], vec![0, 2], vec![2, 3])),
+        &[&eo, &comb_v],
+        None,
+    );
     b.output("dispatch", &dispatch);
     b.output("combine", &combine);
     b.output("back", &back);
     b.output("back2", &back2);
+    b.output("back3", &back3);
     let p = b.finish();
     let mut ins: HashMap<String, HostTensor> = HashMap::new();
     ins.insert("combine".into(), HostTensor::from_f64_values(gsec, &comb));
@@ -671,7 +679,7 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
         .unwrap()
         .outputs
         .remove(0);
-    for name in ["dispatch", "combine", "back", "back2"] {
+    for name in ["dispatch", "combine", "back", "back2", "back3"] {
         let w = &want[name];
         let scale = w.to_f64_vec().iter().fold(0.0f64, |a, v| a.max(v.abs()));
         let bound = HostTensor::from_f64(w.shape().to_vec(), vec![scale * 4.0; w.num_elements()]);
@@ -683,11 +691,12 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
         .filter(|e| e.cat == "dot")
         .map(|e| e.detail)
         .collect();
-    assert_eq!(paths.len(), 4, "{paths:?}");
+    assert_eq!(paths.len(), 5, "{paths:?}");
     assert!(paths[0].starts_with("SparseLhs"), "{paths:?}");
     assert!(paths[1].starts_with("SparseLhs"), "{paths:?}");
     assert!(paths[2].starts_with("SparseRhs"), "{paths:?}");
     assert!(paths[3].starts_with("SparseRhs"), "{paths:?}");
+    assert!(paths[4].starts_with("SparseRhs"), "{paths:?}");
     // A NaN in the dense operand: the dense path, and the NaNs the reference produces.
     let mut xs = ins["x"].to_f64_vec();
     xs[5] = f64::NAN;

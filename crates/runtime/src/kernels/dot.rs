@@ -49,20 +49,59 @@ struct Side {
     /// Row and column strides of each batch matrix.
     rs: usize,
     cs: usize,
+    /// The operand read in place, every row and column at its own offset: the sparse
+    /// paths read it so, without the copy the GEMM needs.
+    view: View,
 }
 
-/// Where each batch matrix of the result is written: `out[batch_off[b] + i*rs + col(j)]`,
-/// `col(j) = j*cs`, or `col_off[j]` when the column dims of a fused transpose do not merge
-/// into one stride.
+/// Element `(b, i, j)` of a batch of matrices at `batch_off[b] + rows[i] + cols[j]`.
+#[derive(Clone, Debug, PartialEq)]
+struct View {
+    batch_off: Vec<usize>,
+    rows: Vec<usize>,
+    cols: Vec<usize>,
+    /// Rows (columns) one element apart: `rows[i] = rows[0] + i`.
+    rows_unit: bool,
+    cols_unit: bool,
+}
+
+impl View {
+    fn new(shape: &[usize], batch: &[usize], rows: &[usize], cols: &[usize]) -> View {
+        let st = super::strides(shape);
+        let unit = |t: &[usize]| t.iter().enumerate().all(|(i, &o)| o == t[0] + i);
+        let (r, c) = (offsets(shape, &st, rows), offsets(shape, &st, cols));
+        View {
+            batch_off: offsets(shape, &st, batch),
+            rows_unit: unit(&r),
+            cols_unit: unit(&c),
+            rows: r,
+            cols: c,
+        }
+    }
+}
+
+/// Where each batch matrix of the result is written: `out[batch_off[b] + row(i) + col(j)]`,
+/// `row(i) = i*rs` or `row_off[i]`, `col(j) = j*cs` or `col_off[j]`: a table when the row
+/// (column) dims of a fused transpose do not merge into one stride.
 #[derive(Clone, Debug, PartialEq)]
 struct OutLayout {
     batch_off: Vec<usize>,
     rs: usize,
     cs: usize,
+    row_off: Option<Vec<usize>>,
     col_off: Option<Vec<usize>>,
 }
 
 impl OutLayout {
+    /// Offset of row `i` inside a batch matrix.
+    #[inline]
+    fn row(&self, i: usize) -> usize {
+        match &self.row_off {
+            Some(t) => t[i],
+            None => i * self.rs,
+        }
+    }
+
     /// Offset of column `j` inside a batch matrix.
     #[inline]
     fn col(&self, j: usize) -> usize {
@@ -78,7 +117,11 @@ impl OutLayout {
             Some(t) => t.iter().copied().max().unwrap_or(0),
             None => (n - 1) * self.cs,
         };
-        (m - 1) * self.rs + cmax
+        let rmax = match &self.row_off {
+            Some(t) => t.iter().copied().max().unwrap_or(0),
+            None => (m - 1) * self.rs,
+        };
+        rmax + cmax
     }
 }
 
@@ -125,6 +168,7 @@ impl Side {
     /// `rows` and `cols` are the dims forming matrix rows and columns, in order.
     fn new(shape: &[usize], batch: &[usize], rows: &[usize], cols: &[usize]) -> Side {
         let st = super::strides(shape);
+        let view = View::new(shape, batch, rows, cols);
         if let (Some(rs), Some(cs)) = (
             merged_stride(shape, &st, rows),
             merged_stride(shape, &st, cols),
@@ -135,6 +179,7 @@ impl Side {
                 batch_off: offsets(shape, &st, batch),
                 rs,
                 cs,
+                view,
             };
         }
         // Copy to [batch, X, Y], keeping the innermost non-trivial dim innermost.
@@ -170,6 +215,7 @@ impl Side {
             shape: pshape,
             rs,
             cs,
+            view,
         }
     }
 
@@ -221,6 +267,7 @@ impl DotPlan {
                 batch_off: (0..b).map(|i| i * m * n).collect(),
                 rs: n,
                 cs: 1,
+                row_off: None,
                 col_off: None,
             },
             transposed: false,
@@ -228,10 +275,9 @@ impl DotPlan {
     }
 
     /// Write the result directly in the layout of `transpose(result, perm)` (result dim
-    /// `perm[j]` becomes dim `j`), if the row dims stay a single stride there (the column
-    /// dims too, or else each column gets its own offset). Returns whether the plan now
-    /// produces the transposed value.
-    pub fn fuse_output_transpose(&mut self, perm: &[usize]) -> bool {
+    /// `perm[j]` becomes dim `j`): rows and columns at one stride each where their dims
+    /// merge there, else each at its own offset.
+    pub fn fuse_output_transpose(&mut self, perm: &[usize]) {
         let tshape: Vec<usize> = perm.iter().map(|&p| self.out_shape[p]).collect();
         let tst = super::strides(&tshape);
         // Stride of each result dim in the transposed buffer.
@@ -243,8 +289,9 @@ impl DotPlan {
         let all: Vec<usize> = (0..perm.len()).collect();
         let (bd, rest) = all.split_at(nb);
         let (ld, rd) = rest.split_at(nl);
-        let Some(rs) = merged_stride(&self.out_shape, &st, ld) else {
-            return false;
+        let (rs, row_off) = match merged_stride(&self.out_shape, &st, ld) {
+            Some(rs) => (rs, None),
+            None => (0, Some(offsets(&self.out_shape, &st, ld))),
         };
         let (cs, col_off) = match merged_stride(&self.out_shape, &st, rd) {
             Some(cs) => (cs, None),
@@ -254,10 +301,10 @@ impl DotPlan {
             batch_off: offsets(&self.out_shape, &st, bd),
             rs,
             cs,
+            row_off,
             col_off,
         };
         self.transposed = true;
-        true
     }
 
     /// Whether the result is written transposed (a fused `transpose`).
@@ -356,12 +403,18 @@ fn mostly_zero<T: GemmFloat>(x: &[T]) -> bool {
     !too_many
 }
 
+/// Whether every value is finite: folded over blocks without an early exit per element, so
+/// it vectorises (`x * 0` is zero exactly for finite `x`).
+fn chunk_finite<T: GemmFloat>(x: &[T]) -> bool {
+    x.chunks(256)
+        .all(|c| c.iter().fold(true, |f, &v| f & (v * T::ZERO == T::ZERO)))
+}
+
 fn all_finite<T: GemmFloat>(x: &[T]) -> bool {
     if x.len() >= super::PAR_MIN {
-        x.par_chunks(1 << 14)
-            .all(|c| c.iter().all(|v| v.is_finite()))
+        x.par_chunks(1 << 14).all(chunk_finite)
     } else {
-        x.iter().all(|v| v.is_finite())
+        chunk_finite(x)
     }
 }
 
@@ -391,10 +444,10 @@ fn gemm_one<T: GemmFloat>(
     ob: usize,
     par: gemm::Parallelism,
 ) {
-    let Some(cols) = &p.out.col_off else {
+    if p.out.row_off.is_none() && p.out.col_off.is_none() {
         return gemm_strided(p, l, lb, r, rb, out, ob, p.out.rs, p.out.cs, par);
-    };
-    // Columns at their own offsets (a fused transpose whose column dims do not merge; the
+    }
+    // Rows or columns at their own offsets (a fused transpose whose dims do not merge; the
     // sparse paths are the usual case): multiply into a row-major scratch, then place it.
     let (m, n) = (p.m, p.n);
     let mut tmp = vec![T::ZERO; m * n];
@@ -405,9 +458,10 @@ fn gemm_one<T: GemmFloat>(
     gemm_strided(p, l, lb, r, rb, tp, 0, n, 1, par);
     assert!(ob + p.out.last(m, n) < out.len);
     for i in 0..m {
-        for (j, &c) in cols.iter().enumerate() {
+        let o = ob + p.out.row(i);
+        for j in 0..n {
             // SAFETY: bounded by the assert above; this batch entry's elements only.
-            unsafe { *out.ptr.add(ob + i * p.out.rs + c) = tmp[i * n + j] };
+            unsafe { *out.ptr.add(o + p.out.col(j)) = tmp[i * n + j] };
         }
     }
 }
@@ -534,10 +588,10 @@ fn axpy_out<T: GemmFloat>(out: OutPtr<T>, at: usize, v: T) {
 }
 
 fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
-    let (m, n, ors) = (p.m, p.n, p.out.rs);
+    let (m, n) = (p.m, p.n);
     assert!(ob + p.out.last(m, n) < out.len);
     // SAFETY (both loops): bounded by the assert above; this batch entry's elements only.
-    if ors == 1 {
+    if p.out.rs == 1 && p.out.row_off.is_none() {
         // Columns are the contiguous runs (a transposed result).
         for j in 0..n {
             let o = ob + p.out.col(j);
@@ -548,35 +602,73 @@ fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
     } else {
         for i in 0..m {
             for j in 0..n {
-                unsafe { *out.ptr.add(ob + i * ors + p.out.col(j)) = T::ZERO };
+                unsafe { *out.ptr.add(ob + p.out.row(i) + p.out.col(j)) = T::ZERO };
             }
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn sparse_lhs<T: GemmFloat>(
-    p: &DotPlan,
-    l: &[T],
-    lb: usize,
-    r: &[T],
-    rb: usize,
-    out: OutPtr<T>,
-    ob: usize,
-) {
-    let (m, n, k) = (p.m, p.n, p.k);
-    let (lrs, lcs, rrs, rcs) = (p.lhs.rs, p.lhs.cs, p.rhs.rs, p.rhs.cs);
-    let (ors, ocs) = (p.out.rs, p.out.cs);
-    zero_out(p, out, ob);
-    let visit = |i: usize, kk: usize| {
-        let v = l[lb + i * lrs + kk * lcs];
-        if v == T::ZERO {
-            return;
+/// Call `f(t, v)` for every non-zero `v = run[t]`, in order; blocks of 16 zeros are
+/// passed over with one (vectorised) test, so a one-hot operand costs little more than a
+/// read.
+#[inline]
+fn for_nonzero<T: GemmFloat>(run: &[T], mut f: impl FnMut(usize, T)) {
+    for (c, block) in run.chunks(16).enumerate() {
+        if block.iter().fold(false, |a, &v| a | (v != T::ZERO)) {
+            for (q, &v) in block.iter().enumerate() {
+                if v != T::ZERO {
+                    f(c * 16 + q, v);
+                }
+            }
         }
-        let o0 = ob + i * ors;
-        let r0 = rb + kk * rrs;
-        let row = &r[r0..r0 + (n - 1) * rcs + 1];
-        if ocs == 1 && rcs == 1 && p.out.col_off.is_none() {
+    }
+}
+
+/// Call `f(i, kk, v)` for every non-zero `v = x[(i, kk)]` of the `m x k` batch matrix at
+/// `xb` of view `xv`, walking its contiguous direction. Either order visits the terms of
+/// each `i` in increasing `kk`.
+fn nonzeros<T: GemmFloat>(
+    x: &[T],
+    xv: &View,
+    xb: usize,
+    (m, k): (usize, usize),
+    mut f: impl FnMut(usize, usize, T),
+) {
+    if xv.cols_unit {
+        for (i, &ro) in xv.rows.iter().enumerate() {
+            let at = xb + ro + xv.cols[0];
+            for_nonzero(&x[at..at + k], |kk, v| f(i, kk, v));
+        }
+    } else if xv.rows_unit {
+        for (kk, &co) in xv.cols.iter().enumerate() {
+            let at = xb + co + xv.rows[0];
+            for_nonzero(&x[at..at + m], |i, v| f(i, kk, v));
+        }
+    } else {
+        for (i, &ro) in xv.rows.iter().enumerate() {
+            for (kk, &co) in xv.cols.iter().enumerate() {
+                let v = x[xb + ro + co];
+                if v != T::ZERO {
+                    f(i, kk, v);
+                }
+            }
+        }
+    }
+}
+
+/// Batch entry `bb` with a mostly-zero lhs: each non-zero `l[i, kk]` adds `l[i, kk] * r[kk, :]`
+/// to `out[i, :]`. Both operands are read in place (their views).
+fn sparse_lhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: usize) {
+    let (m, n, k) = (p.m, p.n, p.k);
+    let (lv, rv) = (&p.lhs.view, &p.rhs.view);
+    let (lb, rb, ob) = (lv.batch_off[bb], rv.batch_off[bb], p.out.batch_off[bb]);
+    zero_out(p, out, ob);
+    let contiguous = rv.cols_unit && p.out.cs == 1 && p.out.col_off.is_none();
+    nonzeros(l, lv, lb, (m, k), |i, kk, v| {
+        let o0 = ob + p.out.row(i);
+        let r0 = rb + rv.rows[kk];
+        if contiguous {
+            let row = &r[r0 + rv.cols[0]..r0 + rv.cols[0] + n];
             assert!(o0 + n <= out.len);
             // SAFETY: row `i` of this batch entry (`n` contiguous elements, bounded by
             // the assert) is written by this task only, and nothing else borrows it.
@@ -585,58 +677,37 @@ fn sparse_lhs<T: GemmFloat>(
                 *o = *o + v * x;
             }
         } else {
-            for j in 0..n {
-                axpy_out(out, o0 + p.out.col(j), v * row[j * rcs]);
+            for (j, &co) in rv.cols.iter().enumerate() {
+                axpy_out(out, o0 + p.out.col(j), v * r[r0 + co]);
             }
         }
-    };
-    sparse_walk(lrs == 1 && lcs != 1, m, k, visit);
+    });
 }
 
-/// Call `visit(a, kk)` for every `a < n`, `kk < k`, with `kk` the outer loop when `k_outer`
-/// (so the sparse operand is walked along its contiguous direction). Either order adds the
-/// terms of every output element in increasing `k`.
-fn sparse_walk(k_outer: bool, n: usize, k: usize, visit: impl Fn(usize, usize)) {
-    if k_outer {
-        for kk in 0..k {
-            for a in 0..n {
-                visit(a, kk);
-            }
-        }
-    } else {
-        for a in 0..n {
-            for kk in 0..k {
-                visit(a, kk);
-            }
-        }
-    }
-}
-
-fn sparse_rhs<T: GemmFloat>(
-    p: &DotPlan,
-    l: &[T],
-    lb: usize,
-    r: &[T],
-    rb: usize,
-    out: OutPtr<T>,
-    ob: usize,
-) {
+/// Batch entry `bb` with a mostly-zero rhs: each non-zero `r[kk, j]` adds
+/// `l[:, kk] * r[kk, j]` to `out[:, j]`. Both operands are read in place (their views).
+fn sparse_rhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: usize) {
     let (m, n, k) = (p.m, p.n, p.k);
-    let (lrs, lcs, rrs, rcs) = (p.lhs.rs, p.lhs.cs, p.rhs.rs, p.rhs.cs);
-    let ors = p.out.rs;
+    let (lv, rv) = (&p.lhs.view, &p.rhs.view);
+    let (lb, rb, ob) = (lv.batch_off[bb], rv.batch_off[bb], p.out.batch_off[bb]);
     zero_out(p, out, ob);
-    let visit = |j: usize, kk: usize| {
-        let v = r[rb + kk * rrs + j * rcs];
-        if v == T::ZERO {
-            return;
-        }
-        let l0 = lb + kk * lcs;
-        let oc = p.out.col(j);
-        for i in 0..m {
-            axpy_out(out, ob + i * ors + oc, l[l0 + i * lrs] * v);
-        }
+    assert!(m == 0 || ob + p.out.last(m, n) < out.len);
+    // `r` is walked as its transpose (`n x k`), so each column's terms come in increasing
+    // `kk` whichever direction is contiguous.
+    let rt = View {
+        batch_off: Vec::new(),
+        rows: rv.cols.clone(),
+        cols: rv.rows.clone(),
+        rows_unit: rv.cols_unit,
+        cols_unit: rv.rows_unit,
     };
-    sparse_walk(rcs == 1 && rrs != 1, n, k, visit);
+    nonzeros(r, &rt, rb, (n, k), |j, kk, v| {
+        let l0 = lb + lv.cols[kk];
+        let oc = ob + p.out.col(j);
+        for (i, &ro) in lv.rows.iter().enumerate() {
+            axpy_out(out, oc + p.out.row(i), l[l0 + ro] * v);
+        }
+    });
 }
 
 /// A per-batch-entry epilogue: `epi(bb, entry)` with entry `bb`'s finished `m x n` result.
@@ -677,11 +748,17 @@ fn dot_float<T: GemmFloat>(
     } else {
         DotPath::Dense
     };
-    let done = T::with_scratch(|lbuf, rbuf| {
-        let l = p.lhs.prepare(lhs_shape, l, lbuf);
-        let r = p.rhs.prepare(rhs_shape, r, rbuf);
+    // The GEMM reads permuted copies where strides do not merge; the sparse paths read the
+    // operands in place.
+    let done = if path == DotPath::Dense {
+        T::with_scratch(|lbuf, rbuf| {
+            let l = p.lhs.prepare(lhs_shape, l, lbuf);
+            let r = p.rhs.prepare(rhs_shape, r, rbuf);
+            dense_or_sparse(p, path, l, r, out, epi)
+        })
+    } else {
         dense_or_sparse(p, path, l, r, out, epi)
-    });
+    };
     if !done {
         after(out);
     }
@@ -704,18 +781,16 @@ fn dense_or_sparse<T: GemmFloat>(
         ptr: out.as_mut_ptr(),
         len: out.len(),
     };
-    let one = |bb: usize, par: gemm::Parallelism| {
-        let (lb, rb, ob) = (
-            p.lhs.batch_off[bb],
-            p.rhs.batch_off[bb],
-            p.out.batch_off[bb],
-        );
-        match path {
-            DotPath::SparseLhs => sparse_lhs(p, l, lb, r, rb, optr, ob),
-            DotPath::SparseRhs => sparse_rhs(p, l, lb, r, rb, optr, ob),
-            DotPath::Dense | DotPath::Int | DotPath::Empty => {
-                gemm_one(p, l, lb, r, rb, optr, ob, par)
-            }
+    let one = |bb: usize, par: gemm::Parallelism| match path {
+        DotPath::SparseLhs => sparse_lhs(p, l, r, optr, bb),
+        DotPath::SparseRhs => sparse_rhs(p, l, r, optr, bb),
+        DotPath::Dense | DotPath::Int | DotPath::Empty => {
+            let (lb, rb, ob) = (
+                p.lhs.batch_off[bb],
+                p.rhs.batch_off[bb],
+                p.out.batch_off[bb],
+            );
+            gemm_one(p, l, lb, r, rb, optr, ob, par)
         }
     };
     let sparse = path != DotPath::Dense;
@@ -776,7 +851,7 @@ fn dot_i32(
                         l[lb + i * lrs + kk * lcs].wrapping_mul(r[rb + kk * rrs + j * rcs]),
                     );
                 }
-                out[p.out.batch_off[bb] + i * p.out.rs + p.out.col(j)] = acc;
+                out[p.out.batch_off[bb] + p.out.row(i) + p.out.col(j)] = acc;
             }
         }
     }
