@@ -36,7 +36,7 @@ use crate::kernels::{bytes, conv, index, layout, reduce, scalar_f64, strides, ze
 use crate::profile::{Profiler, TraceEvent};
 use crate::reference::RuntimeError;
 use crate::tensor::{Data, HostTensor};
-use ir::{DType, Instr, Literal, Op, Program, Type};
+use ir::{BinaryOp, DType, Instr, Literal, Op, Program, Type};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -261,6 +261,18 @@ fn generator(op: &Op) -> bool {
     }
 }
 
+/// The value of `v` if it is a splat constant, possibly broadcast or reshaped.
+fn splat_of(p: &Program, v: usize) -> Option<f64> {
+    let ins = &p.instrs[v];
+    match &ins.op {
+        Op::Constant {
+            value: Literal::Splat(x),
+        } => Some(*x),
+        Op::Broadcast { .. } | Op::Reshape | Op::Copy => splat_of(p, ins.operands[0].index()),
+        _ => None,
+    }
+}
+
 /// Builds one fused group rooted at `root`.
 struct GroupBuilder<'a> {
     p: &'a Program,
@@ -308,6 +320,13 @@ impl GroupBuilder<'_> {
                 Op::Unary(u) => {
                     let a = sub(self, ops[0]);
                     self.push(Node::Unary(*u, a), dt)
+                }
+                // `x * 1` is `x` exactly (the autodiff seeds gradients with ones).
+                Op::Binary(BinaryOp::Mul) if splat_of(self.p, ops[1]) == Some(1.0) => {
+                    sub(self, ops[0])
+                }
+                Op::Binary(BinaryOp::Mul) if splat_of(self.p, ops[0]) == Some(1.0) => {
+                    sub(self, ops[1])
                 }
                 Op::Binary(b) => {
                     let (a, c) = (sub(self, ops[0]), sub(self, ops[1]));

@@ -1067,3 +1067,37 @@ fn dot_epilogues_match_the_ops_run_apart() {
         assert_bounded("y", &got["y"], &want_y["y"], &bound["y"], 1e-5, 1e-6);
     }
 }
+
+/// `x * 1` (a gradient seeded with ones) costs no pass over memory: the result shares `x`'s
+/// buffer, with `x`'s values (NaN and -0 included).
+#[test]
+fn multiplying_by_a_splat_one_is_an_alias() {
+    let ty = Type::new(DType::F32, vec![4, 8]);
+    let b = Builder::new();
+    let x = b.param("x", ty.clone());
+    let one = b.emit(
+        Op::Constant {
+            value: Literal::Splat(1.0),
+        },
+        &[],
+        Some(Type::new(DType::F32, vec![])),
+    );
+    let ones = b.emit(Op::Broadcast { dims: vec![] }, &[&one], Some(ty.clone()));
+    b.output("y", &ones.mul(&x));
+    b.output("z", &x.mul(&ones).add(&x));
+    let p = b.finish();
+    let exe = Executable::new(&p).unwrap();
+    assert_eq!(exe.fusion_stats(), (1, 1), "only the add is left");
+    let mut rng = Rng(3);
+    let mut xs = rng.tensor(&ty, true).to_f64_vec();
+    xs[0] = f64::NAN;
+    xs[1] = -0.0;
+    let ins: HashMap<String, HostTensor> =
+        [("x".to_string(), HostTensor::from_f64_values(ty, &xs))]
+            .into_iter()
+            .collect();
+    let r = exe
+        .run(&InProcess::new(1), std::slice::from_ref(&ins), None)
+        .unwrap();
+    assert_exact(&p, &r.outputs[0], &runtime::run(&p, &ins).unwrap());
+}
