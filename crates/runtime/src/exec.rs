@@ -9,7 +9,12 @@
 //!   broadcasts feeding a group are inlined as generated leaves (re-evaluated per use rather
 //!   than materialised). Only group roots are written to memory.
 //! - *Aliases*: a `reshape`/`copy`/`stop_gradient` of a materialised value shares its buffer.
-//! - *Dots* are normalised once ([`DotPlan`]).
+//! - *Dots* are normalised once ([`DotPlan`]); a transpose that is a dot's only user is
+//!   written by the dot. A multiply by a splat one is its other operand.
+//! - *Dot epilogues*: an f32 dot and an f32 group that reads it elementwise become one step
+//!   (`Kind::DotFused`): each batch entry (an expert) goes through the group right after
+//!   its GEMM, while in cache. It takes the dot's place when the group's other inputs exist
+//!   by then, so the peak never grows.
 //! - *Liveness*: each buffer (a value and its aliases) is released after the last step
 //!   that reads it; outputs are kept.
 //! - *Segments*: maximal runs of non-collective steps. Each collective is a segment alone.

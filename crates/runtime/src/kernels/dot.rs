@@ -28,6 +28,14 @@
 //! `a[i,k]` adds `a[i,k] * b[k,:]` to `out[i,:]` (for a sparse rhs, `b[k,j]` adds
 //! `b[k,j] * a[:,k]` to `out[:,j]`). Every output element still sums its terms in increasing
 //! `k`, with the zero terms left out, so the result equals the dense product to rounding.
+//! Both operands are read in place through per-row and per-column offset tables (a
+//! `View`; no permuted copy), the sparse one along its contiguous direction with blocks
+//! of 16 zeros passed over in one test; a fused output transpose whose row or column dims
+//! do not merge is written through the same kind of table.
+//!
+//! **Epilogues** ([`dot_then`]): the executor may hand each batch entry of an f32 result to
+//! an elementwise group right after its GEMM, while the entry is in cache (the ReLU after an
+//! expert's up-projection, the ReLU mask on its gradient).
 
 use super::layout::gather_copy;
 use super::sgemm;
