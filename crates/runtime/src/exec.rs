@@ -1018,13 +1018,13 @@ impl Executable {
                             data
                         }
                         Err(a) => {
-                            let data = (*a).clone();
+                            let data = d.copy_of(&a);
                             d.vals[v] = Some(Buf::Own(a));
                             data
                         }
                     },
                     Some(b) => {
-                        let data = b.data().clone();
+                        let data = d.copy_of(b.data());
                         d.vals[v] = Some(b);
                         data
                     }
@@ -1126,6 +1126,20 @@ impl Dev<'_> {
                 }
             }
         }
+    }
+
+    /// A copy of `x` in a pooled buffer (a fresh one costs a page fault per 4 KiB).
+    fn copy_of(&mut self, x: &Data) -> Data {
+        let mut d = self.pool.take(x.dtype(), x.len());
+        match (&mut d, x) {
+            (Data::F32(o), Data::F32(i)) => o.copy_from_slice(i),
+            (Data::F64(o), Data::F64(i)) => o.copy_from_slice(i),
+            (Data::BF16(o), Data::BF16(i)) => o.copy_from_slice(i),
+            (Data::I32(o), Data::I32(i)) => o.copy_from_slice(i),
+            (Data::Bool(o), Data::Bool(i)) => o.copy_from_slice(i),
+            _ => unreachable!("the pool returns the requested dtype"),
+        }
+        d
     }
 
     fn alloc(&mut self, ty: &Type) -> Data {
