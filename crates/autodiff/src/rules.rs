@@ -255,8 +255,8 @@ fn binary(
             (g.mul(&dx), g.mul(out).mul(&safe_x.log()))
         }
         BinaryOp::Max | BinaryOp::Min => (
-            g.mul(&balanced(b, x, y, out)),
-            g.mul(&balanced(b, y, x, out)),
+            g.mul(&balanced(b, op, x, y, out)),
+            g.mul(&balanced(b, op, y, x, out)),
         ),
         BinaryOp::And | BinaryOp::Or => return vec![None, None],
     };
@@ -265,8 +265,21 @@ fn binary(
 
 /// JAX's balanced max/min weight for operand `a`: 1 where `a` alone equals the result,
 /// 1/2 where both operands tie, 0 elsewhere.
-fn balanced(b: &Builder, a: &Value, other: &Value, out: &Value) -> Value {
+///
+/// Against a splat constant `c` (a ReLU's 0) the weight is a function of `a` alone, the same
+/// values without reading the result: `a > c` (`<` for min) gives 1, `a == c` 1/2, anything
+/// else (NaN included) 0. The ReLU gradient then reads the pre-activation only.
+fn balanced(b: &Builder, op: BinaryOp, a: &Value, other: &Value, out: &Value) -> Value {
     let ty = out.ty();
+    if let Some(c) = other.splat_value() {
+        let wins = if op == BinaryOp::Max {
+            a.gt(c)
+        } else {
+            a.lt(c)
+        };
+        let tie = a.eq(c).select(&b.splat(0.5, ty.clone()), 0.0);
+        return wins.select(&b.splat(1.0, ty), &tie);
+    }
     let if_a = other
         .eq(out)
         .select(&b.splat(0.5, ty.clone()), &b.splat(1.0, ty));

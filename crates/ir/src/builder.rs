@@ -286,6 +286,23 @@ impl Value {
         self.b.ty(self.id)
     }
 
+    /// The value of every element, if this is a splat constant (possibly broadcast or
+    /// reshaped): lets rules emit cheaper but equal code for constant operands.
+    pub fn splat_value(&self) -> Option<f64> {
+        let st = self.b.st.borrow();
+        let mut id = self.id;
+        loop {
+            let ins = &st.prog.instrs[id.index()];
+            match &ins.op {
+                Op::Constant {
+                    value: crate::Literal::Splat(x),
+                } => return Some(*x),
+                Op::Broadcast { .. } | Op::Reshape | Op::Copy => id = ins.operands[0],
+                _ => return None,
+            }
+        }
+    }
+
     pub fn shape(&self) -> Vec<usize> {
         self.ty().shape
     }
