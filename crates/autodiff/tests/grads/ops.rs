@@ -532,3 +532,74 @@ fn conv_case() -> impl Strategy<Value = (HostTensor, HostTensor, Vec<usize>, Vec
             )
         })
 }
+
+/// `max`/`min` against a splat constant (a ReLU, a clip) take their weight from the operand
+/// alone: at a tie with the constant the slope is 1/2 (FD agrees).
+#[test]
+fn max_min_against_a_constant_split_ties_evenly() {
+    let mut c = Case::new();
+    let t = HostTensor::from_f64([6], vec![0.0, -1.0, 2.0, 1.5, -0.5, 1.0]);
+    let x = c.diff("x", &t);
+    c.check(&x.max(0.0).add(&x.min(1.5).mul(2.0)));
+}
+
+/// The constant-operand form gives exactly the general rule's values (with the constant as a
+/// parameter), ties, signed zeros and NaN included.
+#[test]
+fn max_min_against_a_constant_equal_the_general_rule() {
+    use ir::Builder;
+    let xs = vec![0.0, -0.0, -1.0, 2.0, f64::NAN, 1.5, 1e-300];
+    let ty = Type::new(DType::F64, vec![xs.len()]);
+    let program = |splat: bool| {
+        let b = Builder::new();
+        let x = b.param("x", ty.clone());
+        let (zero, clip) = if splat {
+            (b.splat(0.0, ty.clone()), b.splat(1.5, ty.clone()))
+        } else {
+            (b.param("zero", ty.clone()), b.param("clip", ty.clone()))
+        };
+        let y = x.max(&zero).add(&x.min(&clip).mul(2.0));
+        b.output("loss", &y.sum_all());
+        autodiff::grad(&b.finish(), "loss", &["x"]).unwrap()
+    };
+    let mut ins: std::collections::HashMap<String, HostTensor> = [
+        (
+            "x".to_string(),
+            HostTensor::from_f64([xs.len()], xs.clone()),
+        ),
+        (
+            "zero".to_string(),
+            HostTensor::from_f64([xs.len()], vec![0.0; xs.len()]),
+        ),
+        (
+            "clip".to_string(),
+            HostTensor::from_f64([xs.len()], vec![1.5; xs.len()]),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    // The constant form is taken (a `gt` of the operand; the general rule compares with
+    // the result).
+    let gt = |p: &ir::Program| {
+        p.instrs
+            .iter()
+            .any(|i| i.op == Op::Compare(ir::CompareOp::Gt))
+    };
+    assert!(gt(&program(true)) && !gt(&program(false)));
+    let general = runtime::run(&program(false), &ins).unwrap()["grad_x"].to_f64_vec();
+    ins.remove("zero");
+    ins.remove("clip");
+    let special = runtime::run(&program(true), &ins).unwrap()["grad_x"].to_f64_vec();
+    for (i, (a, b)) in special.iter().zip(&general).enumerate() {
+        assert!(
+            (a.is_nan() && b.is_nan()) || a == b,
+            "x = {}: {a} vs {b}",
+            xs[i]
+        );
+    }
+    assert_eq!(
+        special[0],
+        0.5 + 2.0,
+        "the ReLU's tie at 0 (plus the min's 2)"
+    );
+}
