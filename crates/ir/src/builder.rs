@@ -286,21 +286,9 @@ impl Value {
         self.b.ty(self.id)
     }
 
-    /// The value of every element, if this is a splat constant (possibly broadcast or
-    /// reshaped): lets rules emit cheaper but equal code for constant operands.
+    /// The value of every element, if this is a splat constant ([`Program::splat_value`]).
     pub fn splat_value(&self) -> Option<f64> {
-        let st = self.b.st.borrow();
-        let mut id = self.id;
-        loop {
-            let ins = &st.prog.instrs[id.index()];
-            match &ins.op {
-                Op::Constant {
-                    value: crate::Literal::Splat(x),
-                } => return Some(*x),
-                Op::Broadcast { .. } | Op::Reshape | Op::Copy => id = ins.operands[0],
-                _ => return None,
-            }
-        }
+        self.b.st.borrow().prog.splat_value(self.id)
     }
 
     pub fn shape(&self) -> Vec<usize> {

@@ -2,7 +2,7 @@
 
 use crate::dtype::Type;
 use crate::mesh::{Mesh, Sharding};
-use crate::op::Op;
+use crate::op::{Literal, Op};
 use std::fmt;
 
 /// Index of an instruction (and of the value it defines) in its program.
@@ -88,6 +88,19 @@ impl Program {
             .into_iter()
             .find(|(n, _)| *n == name)
             .map(|(_, v)| v)
+    }
+
+    /// The value of every element of `v`, if it is a splat constant (possibly broadcast,
+    /// reshaped or copied): lets passes treat `x * 1`, `max(x, 0)` specially.
+    pub fn splat_value(&self, v: ValueId) -> Option<f64> {
+        let ins = &self.instrs[v.index()];
+        match &ins.op {
+            Op::Constant {
+                value: Literal::Splat(x),
+            } => Some(*x),
+            Op::Broadcast { .. } | Op::Reshape | Op::Copy => self.splat_value(ins.operands[0]),
+            _ => None,
+        }
     }
 
     /// The output named `name`.

@@ -266,18 +266,6 @@ fn generator(op: &Op) -> bool {
     }
 }
 
-/// The value of `v` if it is a splat constant, possibly broadcast or reshaped.
-fn splat_of(p: &Program, v: usize) -> Option<f64> {
-    let ins = &p.instrs[v];
-    match &ins.op {
-        Op::Constant {
-            value: Literal::Splat(x),
-        } => Some(*x),
-        Op::Broadcast { .. } | Op::Reshape | Op::Copy => splat_of(p, ins.operands[0].index()),
-        _ => None,
-    }
-}
-
 /// Builds one fused group rooted at `root`.
 struct GroupBuilder<'a> {
     p: &'a Program,
@@ -327,10 +315,10 @@ impl GroupBuilder<'_> {
                     self.push(Node::Unary(*u, a), dt)
                 }
                 // `x * 1` is `x` exactly (the autodiff seeds gradients with ones).
-                Op::Binary(BinaryOp::Mul) if splat_of(self.p, ops[1]) == Some(1.0) => {
+                Op::Binary(BinaryOp::Mul) if self.p.splat_value(ins.operands[1]) == Some(1.0) => {
                     sub(self, ops[0])
                 }
-                Op::Binary(BinaryOp::Mul) if splat_of(self.p, ops[0]) == Some(1.0) => {
+                Op::Binary(BinaryOp::Mul) if self.p.splat_value(ins.operands[0]) == Some(1.0) => {
                     sub(self, ops[1])
                 }
                 Op::Binary(b) => {
