@@ -632,29 +632,33 @@ fn for_nonzero<T: GemmFloat>(run: &[T], mut f: impl FnMut(usize, T)) {
     }
 }
 
-/// Call `f(i, kk, v)` for every non-zero `v = x[(i, kk)]` of the `m x k` batch matrix at
-/// `xb` of view `xv`, walking its contiguous direction. Either order visits the terms of
-/// each `i` in increasing `kk`.
+/// Call `f(i, kk, v)` for every non-zero `v` at `xb + rows[i] + cols[kk]` (`rows_unit`,
+/// `cols_unit`: whether consecutive rows, columns are adjacent), walking the contiguous
+/// direction. Either order visits the terms of each `i` in increasing `kk`.
 fn nonzeros<T: GemmFloat>(
     x: &[T],
-    xv: &View,
     xb: usize,
-    (m, k): (usize, usize),
+    (rows, rows_unit): (&[usize], bool),
+    (cols, cols_unit): (&[usize], bool),
     mut f: impl FnMut(usize, usize, T),
 ) {
-    if xv.cols_unit {
-        for (i, &ro) in xv.rows.iter().enumerate() {
-            let at = xb + ro + xv.cols[0];
+    let (m, k) = (rows.len(), cols.len());
+    if m == 0 || k == 0 {
+        return;
+    }
+    if cols_unit {
+        for (i, &ro) in rows.iter().enumerate() {
+            let at = xb + ro + cols[0];
             for_nonzero(&x[at..at + k], |kk, v| f(i, kk, v));
         }
-    } else if xv.rows_unit {
-        for (kk, &co) in xv.cols.iter().enumerate() {
-            let at = xb + co + xv.rows[0];
+    } else if rows_unit {
+        for (kk, &co) in cols.iter().enumerate() {
+            let at = xb + co + rows[0];
             for_nonzero(&x[at..at + m], |i, v| f(i, kk, v));
         }
     } else {
-        for (i, &ro) in xv.rows.iter().enumerate() {
-            for (kk, &co) in xv.cols.iter().enumerate() {
+        for (i, &ro) in rows.iter().enumerate() {
+            for (kk, &co) in cols.iter().enumerate() {
                 let v = x[xb + ro + co];
                 if v != T::ZERO {
                     f(i, kk, v);
@@ -667,55 +671,60 @@ fn nonzeros<T: GemmFloat>(
 /// Batch entry `bb` with a mostly-zero lhs: each non-zero `l[i, kk]` adds `l[i, kk] * r[kk, :]`
 /// to `out[i, :]`. Both operands are read in place (their views).
 fn sparse_lhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: usize) {
-    let (m, n, k) = (p.m, p.n, p.k);
+    let n = p.n;
     let (lv, rv) = (&p.lhs.view, &p.rhs.view);
     let (lb, rb, ob) = (lv.batch_off[bb], rv.batch_off[bb], p.out.batch_off[bb]);
     zero_out(p, out, ob);
     let contiguous = rv.cols_unit && p.out.cs == 1 && p.out.col_off.is_none();
-    nonzeros(l, lv, lb, (m, k), |i, kk, v| {
-        let o0 = ob + p.out.row(i);
-        let r0 = rb + rv.rows[kk];
-        if contiguous {
-            let row = &r[r0 + rv.cols[0]..r0 + rv.cols[0] + n];
-            assert!(o0 + n <= out.len);
-            // SAFETY: row `i` of this batch entry (`n` contiguous elements, bounded by
-            // the assert) is written by this task only, and nothing else borrows it.
-            let orow = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(o0), n) };
-            for (o, &x) in orow.iter_mut().zip(row) {
-                *o = *o + v * x;
+    nonzeros(
+        l,
+        lb,
+        (&lv.rows, lv.rows_unit),
+        (&lv.cols, lv.cols_unit),
+        |i, kk, v| {
+            let o0 = ob + p.out.row(i);
+            let r0 = rb + rv.rows[kk];
+            if contiguous {
+                let row = &r[r0 + rv.cols[0]..r0 + rv.cols[0] + n];
+                assert!(o0 + n <= out.len);
+                // SAFETY: row `i` of this batch entry (`n` contiguous elements, bounded by
+                // the assert) is written by this task only, and nothing else borrows it.
+                let orow = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(o0), n) };
+                for (o, &x) in orow.iter_mut().zip(row) {
+                    *o = *o + v * x;
+                }
+            } else {
+                for (j, &co) in rv.cols.iter().enumerate() {
+                    axpy_out(out, o0 + p.out.col(j), v * r[r0 + co]);
+                }
             }
-        } else {
-            for (j, &co) in rv.cols.iter().enumerate() {
-                axpy_out(out, o0 + p.out.col(j), v * r[r0 + co]);
-            }
-        }
-    });
+        },
+    );
 }
 
 /// Batch entry `bb` with a mostly-zero rhs: each non-zero `r[kk, j]` adds
 /// `l[:, kk] * r[kk, j]` to `out[:, j]`. Both operands are read in place (their views).
 fn sparse_rhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: usize) {
-    let (m, n, k) = (p.m, p.n, p.k);
+    let (m, n) = (p.m, p.n);
     let (lv, rv) = (&p.lhs.view, &p.rhs.view);
     let (lb, rb, ob) = (lv.batch_off[bb], rv.batch_off[bb], p.out.batch_off[bb]);
     zero_out(p, out, ob);
     assert!(m == 0 || ob + p.out.last(m, n) < out.len);
     // `r` is walked as its transpose (`n x k`), so each column's terms come in increasing
     // `kk` whichever direction is contiguous.
-    let rt = View {
-        batch_off: Vec::new(),
-        rows: rv.cols.clone(),
-        cols: rv.rows.clone(),
-        rows_unit: rv.cols_unit,
-        cols_unit: rv.rows_unit,
-    };
-    nonzeros(r, &rt, rb, (n, k), |j, kk, v| {
-        let l0 = lb + lv.cols[kk];
-        let oc = ob + p.out.col(j);
-        for (i, &ro) in lv.rows.iter().enumerate() {
-            axpy_out(out, oc + p.out.row(i), l[l0 + ro] * v);
-        }
-    });
+    nonzeros(
+        r,
+        rb,
+        (&rv.cols, rv.cols_unit),
+        (&rv.rows, rv.rows_unit),
+        |j, kk, v| {
+            let l0 = lb + lv.cols[kk];
+            let oc = ob + p.out.col(j);
+            for (i, &ro) in lv.rows.iter().enumerate() {
+                axpy_out(out, oc + p.out.row(i), l[l0 + ro] * v);
+            }
+        },
+    );
 }
 
 /// A per-batch-entry epilogue: `epi(bb, entry)` with entry `bb`'s finished `m x n` result.
