@@ -347,16 +347,36 @@ pub trait GemmFloat:
 {
     const ZERO: Self;
     const ONE: Self;
-    fn is_finite(self) -> bool;
     /// Run `f` with this thread's two reusable buffers for permuted operand copies (fresh
     /// ones if the thread is already inside a dot, e.g. one that rayon stole while waiting).
     /// Reuse matters: a fresh 32 MiB buffer costs 8192 page faults on every call.
     fn with_scratch<R>(f: impl FnOnce(&mut Vec<Self>, &mut Vec<Self>) -> R) -> R;
+    /// Run `f` with this thread's reusable `n`-element result tile (a GEMM whose result is
+    /// placed through offset tables multiplies into it first); fresh if already in use.
+    fn with_tile<R>(n: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
 }
 
 thread_local! {
     static SCRATCH_F32: RefCell<(Vec<f32>, Vec<f32>)> = RefCell::default();
     static SCRATCH_F64: RefCell<(Vec<f64>, Vec<f64>)> = RefCell::default();
+    static TILE_F32: RefCell<Vec<f32>> = RefCell::default();
+    static TILE_F64: RefCell<Vec<f64>> = RefCell::default();
+}
+
+fn tile<T: Copy + Default, R>(
+    key: &'static std::thread::LocalKey<RefCell<Vec<T>>>,
+    n: usize,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < n {
+                buf.resize(n, T::default());
+            }
+            f(&mut buf[..n])
+        }
+        Err(_) => f(&mut vec![T::default(); n]),
+    })
 }
 
 fn scratch<T, R>(
@@ -375,22 +395,22 @@ fn scratch<T, R>(
 impl GemmFloat for f32 {
     const ZERO: f32 = 0.0;
     const ONE: f32 = 1.0;
-    fn is_finite(self) -> bool {
-        f32::is_finite(self)
-    }
     fn with_scratch<R>(f: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>) -> R) -> R {
         scratch(&SCRATCH_F32, f)
+    }
+    fn with_tile<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+        tile(&TILE_F32, n, f)
     }
 }
 
 impl GemmFloat for f64 {
     const ZERO: f64 = 0.0;
     const ONE: f64 = 1.0;
-    fn is_finite(self) -> bool {
-        f64::is_finite(self)
-    }
     fn with_scratch<R>(f: impl FnOnce(&mut Vec<f64>, &mut Vec<f64>) -> R) -> R {
         scratch(&SCRATCH_F64, f)
+    }
+    fn with_tile<R>(n: usize, f: impl FnOnce(&mut [f64]) -> R) -> R {
+        tile(&TILE_F64, n, f)
     }
 }
 
@@ -457,21 +477,23 @@ fn gemm_one<T: GemmFloat>(
     }
     // Rows or columns at their own offsets (a fused transpose whose dims do not merge; the
     // sparse paths are the usual case): multiply into a row-major scratch, then place it.
+    // The tile is reused per thread (every element is written by the GEMM: `k > 0` here).
     let (m, n) = (p.m, p.n);
-    let mut tmp = vec![T::ZERO; m * n];
-    let tp = OutPtr {
-        ptr: tmp.as_mut_ptr(),
-        len: tmp.len(),
-    };
-    gemm_strided(p, l, lb, r, rb, tp, 0, n, 1, par);
-    assert!(ob + p.out.last(m, n) < out.len);
-    for i in 0..m {
-        let o = ob + p.out.row(i);
-        for j in 0..n {
-            // SAFETY: bounded by the assert above; this batch entry's elements only.
-            unsafe { *out.ptr.add(o + p.out.col(j)) = tmp[i * n + j] };
+    T::with_tile(m * n, |tmp| {
+        let tp = OutPtr {
+            ptr: tmp.as_mut_ptr(),
+            len: tmp.len(),
+        };
+        gemm_strided(p, l, lb, r, rb, tp, 0, n, 1, par);
+        assert!(ob + p.out.last(m, n) < out.len);
+        for i in 0..m {
+            let o = ob + p.out.row(i);
+            for j in 0..n {
+                // SAFETY: bounded by the assert above; this batch entry's elements only.
+                unsafe { *out.ptr.add(o + p.out.col(j)) = tmp[i * n + j] };
+            }
         }
-    }
+    })
 }
 
 /// One dense GEMM `out[ob + i*ors + j*ocs] = (l · r)[i, j]`.
