@@ -164,6 +164,10 @@ fn bench_gemm(c: &mut Criterion) {
             ("raw_sgemm_256x256x1024", 256, 256, 1024, false),
             ("raw_sgemm_T1024x256x256", 1024, 256, 256, true),
             ("raw_sgemm_512x512x512", 512, 512, 512, false),
+            // The smaller benchmark shape's expert (G*C=128 tokens, M=128, H=512).
+            ("raw_sgemm_128x512x128", 128, 512, 128, false),
+            ("raw_sgemm_128x128x512", 128, 128, 512, false),
+            ("raw_sgemm_T512x128x128", 512, 128, 128, true),
         ] {
             let (a, bm) = (data(m * k, 1), data(k * n, 2));
             let mut cm = vec![0.0f32; m * n];

@@ -666,12 +666,16 @@ impl Executable {
                         steps.push(step(Kind::Alias(src), vec![src], "alias", label));
                         continue;
                     }
-                    let ops: Vec<&str> = g
+                    // In program order (the memo is a hash map): one name per group in
+                    // every run, so profiles of several runs line up.
+                    let mut members: Vec<usize> = g
                         .memo
                         .keys()
-                        .filter(|&&v| v == i || absorbed[v])
-                        .map(|&v| p.instrs[v].op.name())
+                        .copied()
+                        .filter(|&v| v == i || absorbed[v])
                         .collect();
+                    members.sort_unstable();
+                    let ops: Vec<&str> = members.iter().map(|&v| p.instrs[v].op.name()).collect();
                     let label = format!("fused[{}] %{i}", ops.len());
                     let inplace_ok = (0..g.inputs.len())
                         .map(|k| !g.broadcast_inputs.contains(&k))

@@ -62,6 +62,10 @@ pub struct MoeBenchArgs {
     /// Write a Chrome trace (Perfetto) of one extra step to this file.
     #[arg(long)]
     profile: Option<std::path::PathBuf>,
+    /// Write the per-device program that runs (after partitioning) to this file: the `%N`
+    /// names in the profile are its instructions.
+    #[arg(long)]
+    program_out: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -297,6 +301,9 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         built = Some((part, exe));
     }
     let (part, exe) = built.expect("at least one repetition");
+    if let Some(path) = &a.program_out {
+        crate::files::write_atomic(path, part.program.to_string().as_bytes())?;
+    }
     let global = moe_inputs(&p);
     let per_dev: Vec<std::collections::HashMap<String, Arc<runtime::HostTensor>>> =
         train::devices::shard_inputs(&part, &global)?

@@ -7,7 +7,11 @@
 //! [`Node::Iota`]). The executor builds groups from chains of elementwise ops, reshapes and
 //! copies (identities here) of one element count: every intermediate of the chain stays in
 //! an L1-sized scratch chunk ([`CHUNK`] elements) and only the root is written to memory.
-//! The output is split into tasks on the rayon pool when large.
+//! The output is split into tasks on the rayon pool when large. Inputs whose values are
+//! their own lane (all but bf16) are read in place, and a computed root is written straight
+//! into the output, so a chunk costs no copies; on CPUs with AVX2 the whole evaluation is
+//! compiled a second time for AVX2 (eight lanes per instruction, the same operations in the
+//! same order: identical values) and chosen at run time.
 //!
 //! Scratch types: f32 and bf16 values live in `f32` lanes (bf16 values are exact in f32),
 //! f64 in `f64`, i32 in `i32`, bool in `bool`. Rounding follows the reference exactly:
@@ -103,6 +107,55 @@ enum Sc {
     B(Vec<bool>),
 }
 
+/// A node's values over the current chunk, read-only: its scratch, or an input read in place.
+#[derive(Clone, Copy)]
+enum Lane<'a> {
+    F(&'a [f32]),
+    D(&'a [f64]),
+    I(&'a [i32]),
+    B(&'a [bool]),
+}
+
+/// Where a node's values over the current chunk go: its scratch, or the output itself.
+enum LaneMut<'a> {
+    F(&'a mut [f32]),
+    D(&'a mut [f64]),
+    I(&'a mut [i32]),
+    B(&'a mut [bool]),
+}
+
+impl Sc {
+    fn lane(&self, n: usize) -> Lane<'_> {
+        match self {
+            Sc::F(x) => Lane::F(&x[..n]),
+            Sc::D(x) => Lane::D(&x[..n]),
+            Sc::I(x) => Lane::I(&x[..n]),
+            Sc::B(x) => Lane::B(&x[..n]),
+        }
+    }
+    fn lane_mut(&mut self, n: usize) -> LaneMut<'_> {
+        match self {
+            Sc::F(x) => LaneMut::F(&mut x[..n]),
+            Sc::D(x) => LaneMut::D(&mut x[..n]),
+            Sc::I(x) => LaneMut::I(&mut x[..n]),
+            Sc::B(x) => LaneMut::B(&mut x[..n]),
+        }
+    }
+}
+
+/// Elements `start..start + n` of an input whose values are their own lane (everything but
+/// bf16, which is widened into scratch): read in place, no copy.
+fn in_place(d: &Data, start: usize, n: usize) -> Option<Lane<'_>> {
+    let r = start..start + n;
+    match d {
+        Data::F32(v) => Some(Lane::F(&v[r])),
+        Data::F64(v) => Some(Lane::D(&v[r])),
+        Data::I32(v) => Some(Lane::I(&v[r])),
+        Data::Bool(v) => Some(Lane::B(&v[r])),
+        Data::BF16(_) => None,
+    }
+}
+
 fn scratch(dt: DType) -> Sc {
     match dt {
         DType::F32 | DType::BF16 => Sc::F(vec![0.0; CHUNK]),
@@ -169,6 +222,7 @@ pub fn binary_f64(b: BinaryOp, x: f64, y: f64) -> f64 {
     }
 }
 
+#[inline(always)]
 fn unary_f32(u: UnaryOp, x: &[f32], o: &mut [f32]) {
     let it = o.iter_mut().zip(x);
     match u {
@@ -198,6 +252,7 @@ fn unary_f32(u: UnaryOp, x: &[f32], o: &mut [f32]) {
     }
 }
 
+#[inline(always)]
 fn binary_f32(b: BinaryOp, x: &[f32], y: &[f32], o: &mut [f32]) {
     let it = o.iter_mut().zip(x.iter().zip(y));
     match b {
@@ -251,6 +306,7 @@ fn binary_i32(b: BinaryOp, p: i32, q: i32) -> i32 {
     }
 }
 
+#[inline(always)]
 fn compare<T: PartialOrd + Copy>(c: CompareOp, x: &[T], y: &[T], o: &mut [bool]) {
     let it = o.iter_mut().zip(x.iter().zip(y));
     match c {
@@ -295,6 +351,7 @@ impl Select for bool {
     }
 }
 
+#[inline(always)]
 fn select<T: Select>(p: &[bool], t: &[T], f: &[T], o: &mut [T]) {
     let n = o.len();
     let (p, t, f) = (&p[..n], &t[..n], &f[..n]);
@@ -304,9 +361,10 @@ fn select<T: Select>(p: &[bool], t: &[T], f: &[T], o: &mut [T]) {
 }
 
 /// Convert a chunk from `from` to `to` (the `convert` rule).
-fn convert(from: DType, to: DType, x: &Sc, o: &mut Sc, n: usize) {
+#[inline(always)]
+fn convert(from: DType, to: DType, x: Lane<'_>, o: LaneMut<'_>, n: usize) {
     match (x, o) {
-        (Sc::F(x), Sc::F(o)) => {
+        (Lane::F(x), LaneMut::F(o)) => {
             if to == DType::BF16 && from == DType::F32 {
                 o[..n]
                     .iter_mut()
@@ -316,19 +374,19 @@ fn convert(from: DType, to: DType, x: &Sc, o: &mut Sc, n: usize) {
                 o[..n].copy_from_slice(&x[..n]);
             }
         }
-        (Sc::F(x), Sc::D(o)) => o[..n]
+        (Lane::F(x), LaneMut::D(o)) => o[..n]
             .iter_mut()
             .zip(&x[..n])
             .for_each(|(o, &x)| *o = x as f64),
-        (Sc::F(x), Sc::I(o)) => o[..n]
+        (Lane::F(x), LaneMut::I(o)) => o[..n]
             .iter_mut()
             .zip(&x[..n])
             .for_each(|(o, &x)| *o = x as i32),
-        (Sc::F(x), Sc::B(o)) => o[..n]
+        (Lane::F(x), LaneMut::B(o)) => o[..n]
             .iter_mut()
             .zip(&x[..n])
             .for_each(|(o, &x)| *o = x != 0.0),
-        (Sc::D(x), Sc::F(o)) => {
+        (Lane::D(x), LaneMut::F(o)) => {
             if to == DType::BF16 {
                 o[..n]
                     .iter_mut()
@@ -341,16 +399,16 @@ fn convert(from: DType, to: DType, x: &Sc, o: &mut Sc, n: usize) {
                     .for_each(|(o, &x)| *o = x as f32);
             }
         }
-        (Sc::D(x), Sc::D(o)) => o[..n].copy_from_slice(&x[..n]),
-        (Sc::D(x), Sc::I(o)) => o[..n]
+        (Lane::D(x), LaneMut::D(o)) => o[..n].copy_from_slice(&x[..n]),
+        (Lane::D(x), LaneMut::I(o)) => o[..n]
             .iter_mut()
             .zip(&x[..n])
             .for_each(|(o, &x)| *o = x as i32),
-        (Sc::D(x), Sc::B(o)) => o[..n]
+        (Lane::D(x), LaneMut::B(o)) => o[..n]
             .iter_mut()
             .zip(&x[..n])
             .for_each(|(o, &x)| *o = x != 0.0),
-        (Sc::I(x), Sc::F(o)) => {
+        (Lane::I(x), LaneMut::F(o)) => {
             if to == DType::BF16 {
                 o[..n]
                     .iter_mut()
@@ -363,49 +421,51 @@ fn convert(from: DType, to: DType, x: &Sc, o: &mut Sc, n: usize) {
                     .for_each(|(o, &x)| *o = x as f32);
             }
         }
-        (Sc::I(x), Sc::D(o)) => o[..n]
+        (Lane::I(x), LaneMut::D(o)) => o[..n]
             .iter_mut()
             .zip(&x[..n])
             .for_each(|(o, &x)| *o = x as f64),
-        (Sc::I(x), Sc::I(o)) => o[..n].copy_from_slice(&x[..n]),
-        (Sc::I(x), Sc::B(o)) => o[..n]
+        (Lane::I(x), LaneMut::I(o)) => o[..n].copy_from_slice(&x[..n]),
+        (Lane::I(x), LaneMut::B(o)) => o[..n]
             .iter_mut()
             .zip(&x[..n])
             .for_each(|(o, &x)| *o = x != 0),
-        (Sc::B(x), Sc::F(o)) => o[..n]
+        (Lane::B(x), LaneMut::F(o)) => o[..n]
             .iter_mut()
             .zip(&x[..n])
             .for_each(|(o, &x)| *o = x as u8 as f32),
-        (Sc::B(x), Sc::D(o)) => o[..n]
+        (Lane::B(x), LaneMut::D(o)) => o[..n]
             .iter_mut()
             .zip(&x[..n])
             .for_each(|(o, &x)| *o = x as u8 as f64),
-        (Sc::B(x), Sc::I(o)) => o[..n]
+        (Lane::B(x), LaneMut::I(o)) => o[..n]
             .iter_mut()
             .zip(&x[..n])
             .for_each(|(o, &x)| *o = x as i32),
-        (Sc::B(x), Sc::B(o)) => o[..n].copy_from_slice(&x[..n]),
+        (Lane::B(x), LaneMut::B(o)) => o[..n].copy_from_slice(&x[..n]),
     }
 }
 
 /// Copy `n` elements of `src` from `start` into a scratch chunk.
-fn load(src: &Data, start: usize, n: usize, o: &mut Sc) {
+#[inline(always)]
+fn load(src: &Data, start: usize, n: usize, o: LaneMut<'_>) {
     let r = start..start + n;
     match (src, o) {
-        (Data::F32(v), Sc::F(o)) => o[..n].copy_from_slice(&v[r]),
-        (Data::BF16(v), Sc::F(o)) => o[..n]
+        (Data::F32(v), LaneMut::F(o)) => o[..n].copy_from_slice(&v[r]),
+        (Data::BF16(v), LaneMut::F(o)) => o[..n]
             .iter_mut()
             .zip(&v[r])
             .for_each(|(o, x)| *o = x.to_f32()),
-        (Data::F64(v), Sc::D(o)) => o[..n].copy_from_slice(&v[r]),
-        (Data::I32(v), Sc::I(o)) => o[..n].copy_from_slice(&v[r]),
-        (Data::Bool(v), Sc::B(o)) => o[..n].copy_from_slice(&v[r]),
+        (Data::F64(v), LaneMut::D(o)) => o[..n].copy_from_slice(&v[r]),
+        (Data::I32(v), LaneMut::I(o)) => o[..n].copy_from_slice(&v[r]),
+        (Data::Bool(v), LaneMut::B(o)) => o[..n].copy_from_slice(&v[r]),
         (d, _) => panic!("fused input of dtype {} in the wrong lane", d.dtype()),
     }
 }
 
 /// Copy `m` elements of `src` from `off` (stride 1, or stride 0 = repeat) into `o[at..]`.
-fn load_run(src: &Data, off: usize, stride: usize, m: usize, o: &mut Sc, at: usize) {
+#[inline(always)]
+fn load_run(src: &Data, off: usize, stride: usize, m: usize, o: LaneMut<'_>, at: usize) {
     macro_rules! run {
         ($v:expr, $o:expr, $f:expr) => {{
             let o = &mut $o[at..at + m];
@@ -419,16 +479,24 @@ fn load_run(src: &Data, off: usize, stride: usize, m: usize, o: &mut Sc, at: usi
         }};
     }
     match (src, o) {
-        (Data::F32(v), Sc::F(o)) => run!(v, o, |x: f32| x),
-        (Data::BF16(v), Sc::F(o)) => run!(v, o, |x: bf16| x.to_f32()),
-        (Data::F64(v), Sc::D(o)) => run!(v, o, |x: f64| x),
-        (Data::I32(v), Sc::I(o)) => run!(v, o, |x: i32| x),
-        (Data::Bool(v), Sc::B(o)) => run!(v, o, |x: bool| x),
+        (Data::F32(v), LaneMut::F(o)) => run!(v, o, |x: f32| x),
+        (Data::BF16(v), LaneMut::F(o)) => run!(v, o, |x: bf16| x.to_f32()),
+        (Data::F64(v), LaneMut::D(o)) => run!(v, o, |x: f64| x),
+        (Data::I32(v), LaneMut::I(o)) => run!(v, o, |x: i32| x),
+        (Data::Bool(v), LaneMut::B(o)) => run!(v, o, |x: bool| x),
         (d, _) => panic!("fused broadcast of dtype {} in the wrong lane", d.dtype()),
     }
 }
 
-fn load_broadcast(src: &Data, shape: &[usize], st: &[usize], start: usize, n: usize, o: &mut Sc) {
+#[inline(always)]
+fn load_broadcast(
+    src: &Data,
+    shape: &[usize],
+    st: &[usize],
+    start: usize,
+    n: usize,
+    o: LaneMut<'_>,
+) {
     if shape.is_empty() {
         load_run(src, 0, 0, n, o, 0);
         return;
@@ -436,19 +504,58 @@ fn load_broadcast(src: &Data, shape: &[usize], st: &[usize], start: usize, n: us
     // One dtype dispatch per chunk; the walk below is monomorphised, so short inner runs
     // (a broadcast over a trailing dim of 2, say) cost a few instructions each.
     match (src, o) {
-        (Data::F32(v), Sc::F(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
-        (Data::BF16(v), Sc::F(o)) => {
+        (Data::F32(v), LaneMut::F(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
+        (Data::BF16(v), LaneMut::F(o)) => {
             walk_broadcast(v, shape, st, start, &mut o[..n], |x: bf16| x.to_f32())
         }
-        (Data::F64(v), Sc::D(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
-        (Data::I32(v), Sc::I(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
-        (Data::Bool(v), Sc::B(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
+        (Data::F64(v), LaneMut::D(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
+        (Data::I32(v), LaneMut::I(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
+        (Data::Bool(v), LaneMut::B(o)) => walk_broadcast(v, shape, st, start, &mut o[..n], |x| x),
         (d, _) => panic!("fused broadcast of dtype {} in the wrong lane", d.dtype()),
+    }
+}
+
+/// Rows of `L` elements (`L` a constant, so each row is a few vector moves): row `t`,
+/// element `u` is `f(v[off + t*rst + u*lst])`.
+#[inline(always)]
+fn short_rows<T: Copy, U: Copy, const L: usize>(
+    v: &[T],
+    off: usize,
+    lst: usize,
+    rst: usize,
+    seg: &mut [U],
+    f: &impl Fn(T) -> U,
+) {
+    let rows = seg.len() / L;
+    if rows == 0 {
+        return;
+    }
+    let src = &v[off..=off + (rows - 1) * rst + (L - 1) * lst];
+    let chunks = seg
+        .chunks_exact_mut(L)
+        .map(|r| <&mut [U; L]>::try_from(r).expect("L"));
+    if lst == 0 {
+        // Each row one value repeated.
+        for (t, row) in chunks.enumerate() {
+            *row = [f(src[t * rst]); L];
+        }
+    } else if rst == 0 {
+        // Every row the same.
+        let first: [U; L] = std::array::from_fn(|u| f(src[u * lst]));
+        for row in chunks {
+            *row = first;
+        }
+    } else {
+        for (t, row) in chunks.enumerate() {
+            let base = t * rst;
+            *row = std::array::from_fn(|u| f(src[base + u * lst]));
+        }
     }
 }
 
 /// `o[t] = f(v[offset of element start + t])` for the broadcast map `shape`/`st` (strides
 /// of the operand per result dim, 0 where broadcast), walking runs of the innermost dim.
+#[inline(always)]
 fn walk_broadcast<T: Copy, U: Copy>(
     v: &[T],
     shape: &[usize],
@@ -474,10 +581,19 @@ fn walk_broadcast<T: Copy, U: Copy>(
             // of the last two dims in one tight loop, no per-run bookkeeping.
             let (rows, rst) = (shape[r - 2] - idx[r - 2], st[r - 2]);
             let k = rows.min((n - pos) / last);
-            for (t, row) in o[pos..pos + k * last].chunks_exact_mut(last).enumerate() {
-                let base = off + t * rst;
-                for (u, d) in row.iter_mut().enumerate() {
-                    *d = f(v[base + u * lst]);
+            let seg = &mut o[pos..pos + k * last];
+            match last {
+                2 => short_rows::<T, U, 2>(v, off, lst, rst, seg, &f),
+                3 => short_rows::<T, U, 3>(v, off, lst, rst, seg, &f),
+                4 => short_rows::<T, U, 4>(v, off, lst, rst, seg, &f),
+                8 => short_rows::<T, U, 8>(v, off, lst, rst, seg, &f),
+                _ => {
+                    for (t, row) in seg.chunks_exact_mut(last).enumerate() {
+                        let base = off + t * rst;
+                        for (u, d) in row.iter_mut().enumerate() {
+                            *d = f(v[base + u * lst]);
+                        }
+                    }
                 }
             }
             pos += k * last;
@@ -505,6 +621,7 @@ fn walk_broadcast<T: Copy, U: Copy>(
 
 /// Move the multi-index `idx` (and its operand offset `off`) `k` steps along dim `d`, which
 /// must not pass the dim's end; reaching it wraps to 0 and carries into the outer dims.
+#[inline(always)]
 fn advance(idx: &mut [usize], off: &mut usize, shape: &[usize], st: &[usize], d: usize, k: usize) {
     idx[d] += k;
     *off += k * st[d];
@@ -526,203 +643,282 @@ fn advance(idx: &mut [usize], off: &mut usize, shape: &[usize], st: &[usize], d:
     }
 }
 
-fn fill_splat(x: f64, dt: DType, o: &mut Sc) {
+#[inline(always)]
+fn fill_splat(x: f64, dt: DType, o: LaneMut<'_>) {
     match o {
-        Sc::F(o) => o.fill(if dt == DType::BF16 { bf(x) } else { x as f32 }),
-        Sc::D(o) => o.fill(x),
-        Sc::I(o) => o.fill(x as i32),
-        Sc::B(o) => o.fill(x != 0.0),
+        LaneMut::F(o) => o.fill(if dt == DType::BF16 { bf(x) } else { x as f32 }),
+        LaneMut::D(o) => o.fill(x),
+        LaneMut::I(o) => o.fill(x as i32),
+        LaneMut::B(o) => o.fill(x != 0.0),
     }
 }
 
-fn iota_chunk(stride: usize, size: usize, dt: DType, start: usize, n: usize, o: &mut Sc) {
-    let mut q = (start / stride) % size;
-    let mut r = start % stride;
-    for i in 0..n {
-        match o {
-            Sc::F(o) => {
-                o[i] = if dt == DType::BF16 {
-                    bf(q as f64)
-                } else {
-                    q as f32
+#[inline(always)]
+fn iota_chunk(stride: usize, size: usize, dt: DType, start: usize, o: LaneMut<'_>) {
+    /// `o[i] = f((start + i) / stride % size)`, counting without divisions.
+    fn fill<T>(o: &mut [T], stride: usize, size: usize, start: usize, f: impl Fn(usize) -> T) {
+        let mut q = (start / stride) % size;
+        let mut r = start % stride;
+        for x in o {
+            *x = f(q);
+            r += 1;
+            if r == stride {
+                r = 0;
+                q += 1;
+                if q == size {
+                    q = 0;
                 }
             }
-            Sc::D(o) => o[i] = q as f64,
-            Sc::I(o) => o[i] = q as i32,
-            Sc::B(o) => o[i] = q != 0,
         }
-        r += 1;
-        if r == stride {
-            r = 0;
-            q += 1;
-            if q == size {
-                q = 0;
-            }
-        }
+    }
+    match o {
+        LaneMut::F(o) if dt == DType::BF16 => fill(o, stride, size, start, |q| bf(q as f64)),
+        LaneMut::F(o) => fill(o, stride, size, start, |q| q as f32),
+        LaneMut::D(o) => fill(o, stride, size, start, |q| q as f64),
+        LaneMut::I(o) => fill(o, stride, size, start, |q| q as i32),
+        LaneMut::B(o) => fill(o, stride, size, start, |q| q != 0),
     }
 }
 
+/// Evaluate one chunk (`n` elements from `start`) of every node into its scratch `sc[j]`,
+/// except inputs read in place (`direct[j]`) and the root when `root` is given (written
+/// there: the output itself). Splats are pre-filled once per task (never the root here).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn eval_chunk(
     f: &Fused,
     inputs: &[&Data],
     start: usize,
     n: usize,
     sc: &mut [Sc],
+    direct: &[bool],
+    inplace: Option<usize>,
+    mut root: Option<LaneMut<'_>>,
+) {
+    let last = f.nodes.len() - 1;
+    for (j, (node, dt)) in f.nodes.iter().enumerate() {
+        if direct[j] {
+            continue;
+        }
+        let (before, rest) = sc.split_at_mut(j);
+        let get = |a: usize| -> Lane<'_> {
+            if direct[a] {
+                let Node::Input(k) = f.nodes[a].0 else {
+                    unreachable!("only inputs are read in place")
+                };
+                in_place(inputs[k], start, n).expect("a direct input has its own lane")
+            } else {
+                before[a].lane(n)
+            }
+        };
+        let o = match root.take() {
+            Some(r) if j == last => r,
+            r => {
+                root = r;
+                rest[0].lane_mut(n)
+            }
+        };
+        eval_node(f, node, *dt, &get, o, inputs, start, n, inplace);
+    }
+}
+
+/// One node over one chunk: operands through `get`, values into `o`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn eval_node<'a>(
+    f: &Fused,
+    node: &Node,
+    dt: DType,
+    get: &impl Fn(usize) -> Lane<'a>,
+    o: LaneMut<'_>,
+    inputs: &[&Data],
+    start: usize,
+    n: usize,
     inplace: Option<usize>,
 ) {
-    for (j, (node, dt)) in f.nodes.iter().enumerate() {
-        let (before, rest) = sc.split_at_mut(j);
-        let o = &mut rest[0];
-        let dt = *dt;
-        match node {
-            Node::Input(k) if Some(*k) == inplace => {} // loaded from the output chunk
-            Node::Input(k) => load(inputs[*k], start, n, o),
-            Node::Splat(_) => {} // filled once per task
-            Node::Iota { stride, size } => iota_chunk(*stride, *size, dt, start, n, o),
-            Node::Broadcast { input, shape, st } => {
-                load_broadcast(inputs[*input], shape, st, start, n, o)
-            }
-            Node::Unary(u, a) => match (&before[*a], o) {
-                (Sc::F(x), Sc::F(o)) if dt == DType::BF16 => o[..n]
-                    .iter_mut()
-                    .zip(&x[..n])
-                    .for_each(|(o, &x)| *o = bf(unary_f64(*u, x as f64))),
-                (Sc::F(x), Sc::F(o)) => unary_f32(*u, &x[..n], &mut o[..n]),
-                (Sc::D(x), Sc::D(o)) => o[..n]
-                    .iter_mut()
-                    .zip(&x[..n])
-                    .for_each(|(o, &x)| *o = unary_f64(*u, x)),
-                (Sc::I(x), Sc::I(o)) => o[..n]
-                    .iter_mut()
-                    .zip(&x[..n])
-                    .for_each(|(o, &x)| *o = unary_i32(*u, x)),
-                (Sc::B(x), Sc::B(o)) => o[..n].iter_mut().zip(&x[..n]).for_each(|(o, &x)| {
-                    *o = match u {
-                        UnaryOp::Not => !x,
-                        _ => unary_f64(*u, x as u8 as f64) != 0.0,
-                    }
-                }),
-                _ => panic!("unary lanes mismatch"),
-            },
-            Node::Binary(b, a, c) => match (&before[*a], &before[*c], o) {
-                (Sc::F(x), Sc::F(y), Sc::F(o)) if dt == DType::BF16 => {
-                    for i in 0..n {
-                        o[i] = bf(binary_f64(*b, x[i] as f64, y[i] as f64));
-                    }
-                }
-                (Sc::F(x), Sc::F(y), Sc::F(o)) => binary_f32(*b, &x[..n], &y[..n], &mut o[..n]),
-                (Sc::D(x), Sc::D(y), Sc::D(o)) => {
-                    for i in 0..n {
-                        o[i] = binary_f64(*b, x[i], y[i]);
-                    }
-                }
-                (Sc::I(x), Sc::I(y), Sc::I(o)) => match b {
-                    BinaryOp::Add => (0..n).for_each(|i| o[i] = x[i].wrapping_add(y[i])),
-                    BinaryOp::Mul => (0..n).for_each(|i| o[i] = x[i].wrapping_mul(y[i])),
-                    _ => (0..n).for_each(|i| o[i] = binary_i32(*b, x[i], y[i])),
-                },
-                (Sc::B(x), Sc::B(y), Sc::B(o)) => {
-                    for i in 0..n {
-                        o[i] = match b {
-                            BinaryOp::And => x[i] && y[i],
-                            BinaryOp::Or => x[i] || y[i],
-                            _ => binary_f64(*b, x[i] as u8 as f64, y[i] as u8 as f64) != 0.0,
-                        };
-                    }
-                }
-                _ => panic!("binary lanes mismatch"),
-            },
-            Node::Compare(c, a, b) => {
-                let Sc::B(o) = o else {
-                    panic!("compare writes bool")
-                };
-                match (&before[*a], &before[*b]) {
-                    (Sc::F(x), Sc::F(y)) => compare(*c, &x[..n], &y[..n], &mut o[..n]),
-                    (Sc::D(x), Sc::D(y)) => compare(*c, &x[..n], &y[..n], &mut o[..n]),
-                    (Sc::I(x), Sc::I(y)) => compare(*c, &x[..n], &y[..n], &mut o[..n]),
-                    (Sc::B(x), Sc::B(y)) => compare(*c, &x[..n], &y[..n], &mut o[..n]),
-                    _ => panic!("compare lanes mismatch"),
-                }
-            }
-            Node::Select(p, t, e) => {
-                let Sc::B(p) = &before[*p] else {
-                    panic!("select predicate is bool")
-                };
-                match (&before[*t], &before[*e], o) {
-                    (Sc::F(t), Sc::F(e), Sc::F(o)) => {
-                        select(&p[..n], &t[..n], &e[..n], &mut o[..n])
-                    }
-                    (Sc::D(t), Sc::D(e), Sc::D(o)) => {
-                        select(&p[..n], &t[..n], &e[..n], &mut o[..n])
-                    }
-                    (Sc::I(t), Sc::I(e), Sc::I(o)) => {
-                        select(&p[..n], &t[..n], &e[..n], &mut o[..n])
-                    }
-                    (Sc::B(t), Sc::B(e), Sc::B(o)) => {
-                        select(&p[..n], &t[..n], &e[..n], &mut o[..n])
-                    }
-                    _ => panic!("select lanes mismatch"),
-                }
-            }
-            Node::Convert(a) => convert(f.nodes[*a].1, dt, &before[*a], o, n),
+    match node {
+        Node::Input(k) if Some(*k) == inplace => {} // loaded from the output chunk
+        Node::Input(k) => load(inputs[*k], start, n, o),
+        Node::Splat(_) => {} // filled once per task
+        Node::Iota { stride, size } => iota_chunk(*stride, *size, dt, start, o),
+        Node::Broadcast { input, shape, st } => {
+            load_broadcast(inputs[*input], shape, st, start, n, o)
         }
+        Node::Unary(u, a) => match (get(*a), o) {
+            (Lane::F(x), LaneMut::F(o)) if dt == DType::BF16 => o
+                .iter_mut()
+                .zip(x)
+                .for_each(|(o, &x)| *o = bf(unary_f64(*u, x as f64))),
+            (Lane::F(x), LaneMut::F(o)) => unary_f32(*u, x, o),
+            (Lane::D(x), LaneMut::D(o)) => o
+                .iter_mut()
+                .zip(x)
+                .for_each(|(o, &x)| *o = unary_f64(*u, x)),
+            (Lane::I(x), LaneMut::I(o)) => o
+                .iter_mut()
+                .zip(x)
+                .for_each(|(o, &x)| *o = unary_i32(*u, x)),
+            (Lane::B(x), LaneMut::B(o)) => o.iter_mut().zip(x).for_each(|(o, &x)| {
+                *o = match u {
+                    UnaryOp::Not => !x,
+                    _ => unary_f64(*u, x as u8 as f64) != 0.0,
+                }
+            }),
+            _ => panic!("unary lanes mismatch"),
+        },
+        Node::Binary(b, a, c) => match (get(*a), get(*c), o) {
+            (Lane::F(x), Lane::F(y), LaneMut::F(o)) if dt == DType::BF16 => {
+                for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                    *o = bf(binary_f64(*b, x as f64, y as f64));
+                }
+            }
+            (Lane::F(x), Lane::F(y), LaneMut::F(o)) => binary_f32(*b, x, y, o),
+            (Lane::D(x), Lane::D(y), LaneMut::D(o)) => {
+                for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                    *o = binary_f64(*b, x, y);
+                }
+            }
+            (Lane::I(x), Lane::I(y), LaneMut::I(o)) => {
+                let it = o.iter_mut().zip(x.iter().zip(y));
+                match b {
+                    BinaryOp::Add => it.for_each(|(o, (&x, &y))| *o = x.wrapping_add(y)),
+                    BinaryOp::Sub => it.for_each(|(o, (&x, &y))| *o = x.wrapping_sub(y)),
+                    BinaryOp::Mul => it.for_each(|(o, (&x, &y))| *o = x.wrapping_mul(y)),
+                    _ => it.for_each(|(o, (&x, &y))| *o = binary_i32(*b, x, y)),
+                }
+            }
+            (Lane::B(x), Lane::B(y), LaneMut::B(o)) => {
+                let it = o.iter_mut().zip(x.iter().zip(y));
+                match b {
+                    BinaryOp::And => it.for_each(|(o, (&x, &y))| *o = x & y),
+                    BinaryOp::Or => it.for_each(|(o, (&x, &y))| *o = x | y),
+                    _ => it.for_each(|(o, (&x, &y))| {
+                        *o = binary_f64(*b, x as u8 as f64, y as u8 as f64) != 0.0
+                    }),
+                }
+            }
+            _ => panic!("binary lanes mismatch"),
+        },
+        Node::Compare(c, a, b) => {
+            let LaneMut::B(o) = o else {
+                panic!("compare writes bool")
+            };
+            match (get(*a), get(*b)) {
+                (Lane::F(x), Lane::F(y)) => compare(*c, x, y, o),
+                (Lane::D(x), Lane::D(y)) => compare(*c, x, y, o),
+                (Lane::I(x), Lane::I(y)) => compare(*c, x, y, o),
+                (Lane::B(x), Lane::B(y)) => compare(*c, x, y, o),
+                _ => panic!("compare lanes mismatch"),
+            }
+        }
+        Node::Select(p, t, e) => {
+            let Lane::B(p) = get(*p) else {
+                panic!("select predicate is bool")
+            };
+            match (get(*t), get(*e), o) {
+                (Lane::F(t), Lane::F(e), LaneMut::F(o)) => select(p, t, e, o),
+                (Lane::D(t), Lane::D(e), LaneMut::D(o)) => select(p, t, e, o),
+                (Lane::I(t), Lane::I(e), LaneMut::I(o)) => select(p, t, e, o),
+                (Lane::B(t), Lane::B(e), LaneMut::B(o)) => select(p, t, e, o),
+                _ => panic!("select lanes mismatch"),
+            }
+        }
+        Node::Convert(a) => convert(f.nodes[*a].1, dt, get(*a), o, n),
     }
 }
 
 /// Stores a scratch chunk into an output buffer of one dtype.
 trait Store: Copy + Send + Sync {
+    /// Whether the root can be evaluated straight into an output chunk of this type.
+    const DIRECT: bool;
+    /// The output chunk as the root's lane (only called when `DIRECT`).
+    fn direct(o: &mut [Self]) -> LaneMut<'_>;
     fn store(sc: &Sc, o: &mut [Self]);
     /// The inverse of `store` (for in-place evaluation).
     fn load(x: &[Self], sc: &mut Sc);
 }
 
 impl Store for f32 {
+    const DIRECT: bool = true;
+    #[inline(always)]
+    fn direct(o: &mut [f32]) -> LaneMut<'_> {
+        LaneMut::F(o)
+    }
+    #[inline(always)]
     fn store(sc: &Sc, o: &mut [f32]) {
         let Sc::F(x) = sc else { panic!("f32 lane") };
         o.copy_from_slice(&x[..o.len()]);
     }
+    #[inline(always)]
     fn load(x: &[f32], sc: &mut Sc) {
         let Sc::F(o) = sc else { panic!("f32 lane") };
         o[..x.len()].copy_from_slice(x);
     }
 }
 impl Store for bf16 {
+    const DIRECT: bool = false;
+    fn direct(_: &mut [bf16]) -> LaneMut<'_> {
+        unreachable!("bf16 values are rounded from an f32 lane")
+    }
+    #[inline(always)]
     fn store(sc: &Sc, o: &mut [bf16]) {
         let Sc::F(x) = sc else { panic!("bf16 lane") };
         o.iter_mut()
             .zip(x)
             .for_each(|(o, &x)| *o = bf16::from_f32(x));
     }
+    #[inline(always)]
     fn load(x: &[bf16], sc: &mut Sc) {
         let Sc::F(o) = sc else { panic!("bf16 lane") };
         o.iter_mut().zip(x).for_each(|(o, x)| *o = x.to_f32());
     }
 }
 impl Store for f64 {
+    const DIRECT: bool = true;
+    #[inline(always)]
+    fn direct(o: &mut [f64]) -> LaneMut<'_> {
+        LaneMut::D(o)
+    }
+    #[inline(always)]
     fn store(sc: &Sc, o: &mut [f64]) {
         let Sc::D(x) = sc else { panic!("f64 lane") };
         o.copy_from_slice(&x[..o.len()]);
     }
+    #[inline(always)]
     fn load(x: &[f64], sc: &mut Sc) {
         let Sc::D(o) = sc else { panic!("f64 lane") };
         o[..x.len()].copy_from_slice(x);
     }
 }
 impl Store for i32 {
+    const DIRECT: bool = true;
+    #[inline(always)]
+    fn direct(o: &mut [i32]) -> LaneMut<'_> {
+        LaneMut::I(o)
+    }
+    #[inline(always)]
     fn store(sc: &Sc, o: &mut [i32]) {
         let Sc::I(x) = sc else { panic!("i32 lane") };
         o.copy_from_slice(&x[..o.len()]);
     }
+    #[inline(always)]
     fn load(x: &[i32], sc: &mut Sc) {
         let Sc::I(o) = sc else { panic!("i32 lane") };
         o[..x.len()].copy_from_slice(x);
     }
 }
 impl Store for bool {
+    const DIRECT: bool = true;
+    #[inline(always)]
+    fn direct(o: &mut [bool]) -> LaneMut<'_> {
+        LaneMut::B(o)
+    }
+    #[inline(always)]
     fn store(sc: &Sc, o: &mut [bool]) {
         let Sc::B(x) = sc else { panic!("bool lane") };
         o.copy_from_slice(&x[..o.len()]);
     }
+    #[inline(always)]
     fn load(x: &[bool], sc: &mut Sc) {
         let Sc::B(o) = sc else { panic!("bool lane") };
         o[..x.len()].copy_from_slice(x);
@@ -740,14 +936,64 @@ fn run_range<T: Store>(
     inplace: Option<usize>,
     pre: Option<&[f32]>,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected just above.
+        return unsafe { run_range_avx2(f, inputs, start, out, inplace, pre) };
+    }
+    run_range_impl(f, inputs, start, out, inplace, pre)
+}
+
+/// [`run_range_impl`] compiled for AVX2: the per-chunk loops (all inlined into it) work on
+/// eight lanes at a time. Same operations in the same order, so the same values.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn run_range_avx2<T: Store>(
+    f: &Fused,
+    inputs: &[&Data],
+    start: usize,
+    out: &mut [T],
+    inplace: Option<usize>,
+    pre: Option<&[f32]>,
+) {
+    run_range_impl(f, inputs, start, out, inplace, pre)
+}
+
+#[inline(always)]
+fn run_range_impl<T: Store>(
+    f: &Fused,
+    inputs: &[&Data],
+    start: usize,
+    out: &mut [T],
+    inplace: Option<usize>,
+    pre: Option<&[f32]>,
+) {
     let mut sc: Vec<Sc> = f.nodes.iter().map(|(_, dt)| scratch(*dt)).collect();
     for ((node, dt), s) in f.nodes.iter().zip(sc.iter_mut()) {
         if let Node::Splat(x) = node {
-            fill_splat(*x, *dt, s);
+            fill_splat(*x, *dt, s.lane_mut(CHUNK));
         }
     }
     let inplace_node = inplace.and_then(|k| f.nodes.iter().position(|(n, _)| *n == Node::Input(k)));
+    // Inputs whose values are their own lane are read in place (no copy into scratch).
+    let direct: Vec<bool> = f
+        .nodes
+        .iter()
+        .map(|(n, _)| match n {
+            Node::Input(k) => Some(*k) != inplace && in_place(inputs[*k], 0, 0).is_some(),
+            _ => false,
+        })
+        .collect();
     let root = f.nodes.len() - 1;
+    // A computed root is written straight into the output (no scratch, no copy).
+    let root_direct = T::DIRECT
+        && !matches!(
+            f.nodes[root].0,
+            Node::Input(_) | Node::Splat(_) | Node::Iota { .. }
+        );
     for c in (0..out.len()).step_by(CHUNK) {
         let n = CHUNK.min(out.len() - c);
         if let Some(j) = inplace_node {
@@ -756,8 +1002,22 @@ fn run_range<T: Store>(
                 None => T::load(&out[c..c + n], &mut sc[j]),
             }
         }
-        eval_chunk(f, inputs, start + c, n, &mut sc, inplace);
-        T::store(&sc[root], &mut out[c..c + n]);
+        let o = &mut out[c..c + n];
+        if root_direct {
+            eval_chunk(
+                f,
+                inputs,
+                start + c,
+                n,
+                &mut sc,
+                &direct,
+                inplace,
+                Some(T::direct(o)),
+            );
+        } else {
+            eval_chunk(f, inputs, start + c, n, &mut sc, &direct, inplace, None);
+            T::store(&sc[root], o);
+        }
     }
 }
 
