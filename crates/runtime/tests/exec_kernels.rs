@@ -197,7 +197,7 @@ fn elementwise_program(rng: &mut Rng) -> (Program, HashMap<String, HostTensor>) 
     for s in 0..steps {
         let a = pool[rng.below(pool.len())].clone();
         let c = pool[rng.below(pool.len())].clone();
-        let v = match rng.below(9) {
+        let v = match rng.below(10) {
             0 | 1 => b.emit(Op::Unary(rng.pick(&UNARY_FLOAT)), &[&a], None),
             2..=4 => b.emit(Op::Binary(rng.pick(&BINARY_FLOAT)), &[&a, &c], None),
             5 => {
@@ -212,6 +212,11 @@ fn elementwise_program(rng: &mut Rng) -> (Program, HashMap<String, HostTensor>) 
                 let to = rng.pick(&[DType::F32, DType::F64, DType::BF16, DType::I32, DType::Bool]);
                 let t = b.emit(Op::Convert, &[&a], Some(ty.with_dtype(to)));
                 b.emit(Op::Convert, &[&t], Some(ty.clone()))
+            }
+            8 => {
+                // A compare read only as 0/1 values (evaluated inside the convert).
+                let p = b.emit(Op::Compare(rng.pick(&CompareOp::ALL)), &[&a, &c], None);
+                b.emit(Op::Convert, &[&p], Some(ty.clone()))
             }
             _ => {
                 if shape.is_empty() {

@@ -680,6 +680,104 @@ fn iota_chunk(stride: usize, size: usize, dt: DType, start: usize, o: LaneMut<'_
     }
 }
 
+/// How a node is evaluated per chunk.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Plan {
+    /// Into its scratch (or the output, for the root).
+    Eval,
+    /// An input read in place: nothing to do.
+    Direct,
+    /// A compare of f32 lanes whose only user is an f32 select or convert, which evaluates
+    /// it in the same loop (no bool lane in between).
+    Folded,
+}
+
+/// The plan of each node: inputs read in place, compares folded into their user.
+fn plan(f: &Fused, inputs: &[&Data], inplace: Option<usize>) -> Vec<Plan> {
+    let mut users = vec![0usize; f.nodes.len()];
+    let mut user = vec![usize::MAX; f.nodes.len()];
+    for (j, (node, _)) in f.nodes.iter().enumerate() {
+        let ops: &[usize] = match node {
+            Node::Unary(_, a) | Node::Convert(a) => std::slice::from_ref(a),
+            Node::Binary(_, a, b) | Node::Compare(_, a, b) => &[*a, *b],
+            Node::Select(p, t, e) => &[*p, *t, *e],
+            _ => &[],
+        };
+        for &a in ops {
+            users[a] += 1;
+            user[a] = j;
+        }
+    }
+    let f32_lane = |j: usize| matches!(f.nodes[j].1, DType::F32 | DType::BF16);
+    let root = f.nodes.len() - 1;
+    f.nodes
+        .iter()
+        .enumerate()
+        .map(|(j, (node, _))| match node {
+            Node::Input(k) if Some(*k) != inplace && in_place(inputs[*k], 0, 0).is_some() => {
+                Plan::Direct
+            }
+            Node::Compare(_, x, y)
+                if j != root && users[j] == 1 && f32_lane(*x) && f32_lane(*y) =>
+            {
+                let u = user[j];
+                match (&f.nodes[u].0, f.nodes[u].1) {
+                    (Node::Select(p, t, e), DType::F32) if *p == j && *t != j && *e != j => {
+                        Plan::Folded
+                    }
+                    (Node::Convert(_), DType::F32) => Plan::Folded,
+                    _ => Plan::Eval,
+                }
+            }
+            _ => Plan::Eval,
+        })
+        .collect()
+}
+
+/// `o[i] = (x[i] c y[i]) as f32` (the compare, then its convert), branch-free.
+#[inline(always)]
+fn compare_f32(c: CompareOp, x: &[f32], y: &[f32], o: &mut [f32]) {
+    let n = o.len();
+    let (x, y) = (&x[..n], &y[..n]);
+    macro_rules! go {
+        ($op:tt) => {
+            for i in 0..n {
+                o[i] = sel32(x[i] $op y[i], 1.0, 0.0);
+            }
+        };
+    }
+    match c {
+        CompareOp::Eq => go!(==),
+        CompareOp::Ne => go!(!=),
+        CompareOp::Lt => go!(<),
+        CompareOp::Le => go!(<=),
+        CompareOp::Gt => go!(>),
+        CompareOp::Ge => go!(>=),
+    }
+}
+
+/// `o[i] = if x[i] c y[i] { t[i] } else { e[i] }`, branch-free.
+#[inline(always)]
+fn select_cmp(c: CompareOp, x: &[f32], y: &[f32], t: &[f32], e: &[f32], o: &mut [f32]) {
+    let n = o.len();
+    let (x, y, t, e) = (&x[..n], &y[..n], &t[..n], &e[..n]);
+    macro_rules! go {
+        ($op:tt) => {
+            for i in 0..n {
+                o[i] = sel32(x[i] $op y[i], t[i], e[i]);
+            }
+        };
+    }
+    match c {
+        CompareOp::Eq => go!(==),
+        CompareOp::Ne => go!(!=),
+        CompareOp::Lt => go!(<),
+        CompareOp::Le => go!(<=),
+        CompareOp::Gt => go!(>),
+        CompareOp::Ge => go!(>=),
+    }
+}
+
 /// Evaluate one chunk (`n` elements from `start`) of every node into its scratch `sc[j]`,
 /// except inputs read in place (`direct[j]`) and the root when `root` is given (written
 /// there: the output itself). Splats are pre-filled once per task (never the root here).
@@ -691,18 +789,18 @@ fn eval_chunk(
     start: usize,
     n: usize,
     sc: &mut [Sc],
-    direct: &[bool],
+    plan: &[Plan],
     inplace: Option<usize>,
     mut root: Option<LaneMut<'_>>,
 ) {
     let last = f.nodes.len() - 1;
     for (j, (node, dt)) in f.nodes.iter().enumerate() {
-        if direct[j] {
+        if plan[j] != Plan::Eval {
             continue;
         }
         let (before, rest) = sc.split_at_mut(j);
         let get = |a: usize| -> Lane<'_> {
-            if direct[a] {
+            if plan[a] == Plan::Direct {
                 let Node::Input(k) = f.nodes[a].0 else {
                     unreachable!("only inputs are read in place")
                 };
@@ -718,7 +816,7 @@ fn eval_chunk(
                 rest[0].lane_mut(n)
             }
         };
-        eval_node(f, node, *dt, &get, o, inputs, start, n, inplace);
+        eval_node(f, node, *dt, &get, plan, o, inputs, start, n, inplace);
     }
 }
 
@@ -730,6 +828,7 @@ fn eval_node<'a>(
     node: &Node,
     dt: DType,
     get: &impl Fn(usize) -> Lane<'a>,
+    plan: &[Plan],
     o: LaneMut<'_>,
     inputs: &[&Data],
     start: usize,
@@ -810,6 +909,26 @@ fn eval_node<'a>(
                 (Lane::B(x), Lane::B(y)) => compare(*c, x, y, o),
                 _ => panic!("compare lanes mismatch"),
             }
+        }
+        Node::Select(p, t, e) if plan[*p] == Plan::Folded => {
+            let (Node::Compare(c, x, y), LaneMut::F(o)) = (&f.nodes[*p].0, o) else {
+                unreachable!("only f32 compares are folded into an f32 select")
+            };
+            let (Lane::F(x), Lane::F(y), Lane::F(t), Lane::F(e)) =
+                (get(*x), get(*y), get(*t), get(*e))
+            else {
+                unreachable!("a folded compare and its select read f32 lanes")
+            };
+            select_cmp(*c, x, y, t, e, o)
+        }
+        Node::Convert(a) if plan[*a] == Plan::Folded => {
+            let (Node::Compare(c, x, y), LaneMut::F(o)) = (&f.nodes[*a].0, o) else {
+                unreachable!("only f32 compares are folded into an f32 convert")
+            };
+            let (Lane::F(x), Lane::F(y)) = (get(*x), get(*y)) else {
+                unreachable!("a folded compare reads f32 lanes")
+            };
+            compare_f32(*c, x, y, o)
         }
         Node::Select(p, t, e) => {
             let Lane::B(p) = get(*p) else {
@@ -978,15 +1097,9 @@ fn run_range_impl<T: Store>(
         }
     }
     let inplace_node = inplace.and_then(|k| f.nodes.iter().position(|(n, _)| *n == Node::Input(k)));
-    // Inputs whose values are their own lane are read in place (no copy into scratch).
-    let direct: Vec<bool> = f
-        .nodes
-        .iter()
-        .map(|(n, _)| match n {
-            Node::Input(k) => Some(*k) != inplace && in_place(inputs[*k], 0, 0).is_some(),
-            _ => false,
-        })
-        .collect();
+    // Inputs whose values are their own lane are read in place (no copy into scratch);
+    // compares feeding one select or convert are evaluated inside it.
+    let plan = plan(f, inputs, inplace);
     let root = f.nodes.len() - 1;
     // A computed root is written straight into the output (no scratch, no copy).
     let root_direct = T::DIRECT
@@ -1010,12 +1123,12 @@ fn run_range_impl<T: Store>(
                 start + c,
                 n,
                 &mut sc,
-                &direct,
+                &plan,
                 inplace,
                 Some(T::direct(o)),
             );
         } else {
-            eval_chunk(f, inputs, start + c, n, &mut sc, &direct, inplace, None);
+            eval_chunk(f, inputs, start + c, n, &mut sc, &plan, inplace, None);
             T::store(&sc[root], o);
         }
     }

@@ -24,8 +24,10 @@ pub const MR: usize = 6;
 pub const NR: usize = 16;
 /// Depth of one packed block (a `KC x NR` panel of `B` is 16 KiB: half of L1).
 const KC: usize = 256;
-/// Rows of `A` packed at once (`MC x KC` = 96 KiB, well inside L2).
-const MC: usize = 96;
+/// Rows of `A` packed at once (`MC x KC` = 144 KiB, inside the 512 KiB L2; one block holds the
+/// 128 rows of a small expert GEMM, whose `B` block is then streamed from L2 once, not twice:
+/// 61 -> 75 GFLOP/s on 32 experts of 128x512x128).
+const MC: usize = 144;
 /// Columns of `B` packed at once (`KC x NC` = 1 MiB, in L3).
 const NC: usize = 1024;
 
