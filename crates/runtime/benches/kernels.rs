@@ -192,11 +192,7 @@ fn bench_gemm(c: &mut Criterion) {
                         rs: n,
                         cs: 1,
                     };
-                    let cw = MatMut {
-                        ptr: cm.as_mut_ptr(),
-                        rs: n,
-                        cs: 1,
-                    };
+                    let cw = MatMut::strided(cm.as_mut_ptr(), n, 1);
                     // SAFETY: AVX2 checked above; the strides address exactly the buffers.
                     unsafe { sgemm(m, n, k, ar, br, cw) }
                 })

@@ -90,11 +90,30 @@ proptest! {
                 want[i * n + j] = s as f32;
             }
         }
-        let (ta, tb, tc) = (rng.below(2) == 1, rng.below(2) == 1, rng.below(2) == 1);
+        let (ta, tb, tc) = (rng.below(2) == 1, rng.below(2) == 1, rng.below(4));
         let (sa, ars, acs) = store(&a, m, k, ta);
         let (sb, brs, bcs) = store(&b, k, n, tb);
         let mut c = vec![f32::NAN; m * n];
-        let (crs, ccs) = if tc { (1, m) } else { (n, 1) };
+        // C row-major, transposed, or with its rows (columns) at their own offsets: a
+        // shuffled order, the other dim at one stride.
+        let shuffled = |len: usize, rng: &mut Rng| {
+            let mut v: Vec<usize> = (0..len).collect();
+            for i in (1..len).rev() {
+                v.swap(i, rng.below(i + 1));
+            }
+            v
+        };
+        let (crs, ccs) = if tc == 1 { (1, m) } else { (n, 1) };
+        let rows: Option<Vec<usize>> = (tc == 2).then(|| shuffled(m, &mut rng).iter().map(|&r| r * n).collect());
+        let cols: Option<Vec<usize>> = (tc == 3).then(|| shuffled(n, &mut rng));
+        let at = |i: usize, j: usize| {
+            rows.as_ref().map_or(i * crs, |t| t[i]) + cols.as_ref().map_or(j * ccs, |t| t[j])
+        };
+        let cm = MatMut {
+            rows: rows.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()),
+            cols: cols.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()),
+            ..MatMut::strided(c.as_mut_ptr(), crs, ccs)
+        };
         // SAFETY: AVX2/FMA checked above; each buffer holds exactly the elements its
         // strides address, and nothing else touches `c`.
         unsafe {
@@ -104,12 +123,12 @@ proptest! {
                 k,
                 MatRef { ptr: sa.as_ptr(), rs: ars, cs: acs },
                 MatRef { ptr: sb.as_ptr(), rs: brs, cs: bcs },
-                MatMut { ptr: c.as_mut_ptr(), rs: crs, cs: ccs },
+                cm,
             )
         };
         for i in 0..m {
             for j in 0..n {
-                let got = c[i * crs + j * ccs];
+                let got = c[at(i, j)];
                 let w = want[i * n + j];
                 let scale: f64 = (0..k).map(|p| (a[i * k + p] as f64 * b[p * n + j] as f64).abs()).sum();
                 let ok = if w.is_nan() {

@@ -472,11 +472,42 @@ fn gemm_one<T: GemmFloat>(
     ob: usize,
     par: gemm::Parallelism,
 ) {
-    if p.out.row_off.is_none() && p.out.col_off.is_none() {
-        return gemm_strided(p, l, lb, r, rb, out, ob, p.out.rs, p.out.cs, par);
+    let (rows, cols) = (p.out.row_off.as_deref(), p.out.col_off.as_deref());
+    if rows.is_none() && cols.is_none() {
+        return gemm_strided(
+            p,
+            l,
+            lb,
+            r,
+            rb,
+            out,
+            ob,
+            (p.out.rs, None),
+            (p.out.cs, None),
+            par,
+        );
     }
-    // Rows or columns at their own offsets (a fused transpose whose dims do not merge; the
-    // sparse paths are the usual case): multiply into a row-major scratch, then place it.
+    let is_f32 = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
+    if is_f32 && sgemm::available() && (rows.is_none() || cols.is_none()) {
+        // Rows (or columns) at their own offsets, the other at one stride (a fused output
+        // transpose whose row dims do not merge: an expert's input gradient written as
+        // [G, E, C, M]): the micro-kernel stores each tile row at its row's offset.
+        assert!(ob + p.out.last(p.m, p.n) < out.len);
+        return gemm_strided(
+            p,
+            l,
+            lb,
+            r,
+            rb,
+            out,
+            ob,
+            (p.out.rs, rows),
+            (p.out.cs, cols),
+            par,
+        );
+    }
+    // Rows and columns both at their own offsets (or no micro-kernel): multiply into a
+    // row-major scratch, then place it.
     // The tile is reused per thread (every element is written by the GEMM: `k > 0` here).
     let (m, n) = (p.m, p.n);
     T::with_tile(m * n, |tmp| {
@@ -484,7 +515,7 @@ fn gemm_one<T: GemmFloat>(
             ptr: tmp.as_mut_ptr(),
             len: tmp.len(),
         };
-        gemm_strided(p, l, lb, r, rb, tp, 0, n, 1, par);
+        gemm_strided(p, l, lb, r, rb, tp, 0, (n, None), (1, None), par);
         assert!(ob + p.out.last(m, n) < out.len);
         for i in 0..m {
             let o = ob + p.out.row(i);
@@ -496,7 +527,9 @@ fn gemm_one<T: GemmFloat>(
     })
 }
 
-/// One dense GEMM `out[ob + i*ors + j*ocs] = (l · r)[i, j]`.
+/// One dense GEMM `out[ob + row(i) + col(j)] = (l · r)[i, j]`, `row(i)` = `i*ors` or
+/// `rows[i]`, `col(j)` = `j*ocs` or `cols[j]` (tables only on the f32 micro-kernel path, one
+/// at most; the caller has bounded them inside `out`).
 #[allow(clippy::too_many_arguments)]
 fn gemm_strided<T: GemmFloat>(
     p: &DotPlan,
@@ -506,13 +539,16 @@ fn gemm_strided<T: GemmFloat>(
     rb: usize,
     out: OutPtr<T>,
     ob: usize,
-    ors: usize,
-    ocs: usize,
+    (ors, rows): (usize, Option<&[usize]>),
+    (ocs, cols): (usize, Option<&[usize]>),
     par: gemm::Parallelism,
 ) {
     let (m, n, k) = (p.m, p.n, p.k);
     let (lrs, lcs, rrs, rcs) = (p.lhs.rs, p.lhs.cs, p.rhs.rs, p.rhs.cs);
-    assert!(ob + (m - 1) * ors + (n - 1) * ocs < out.len);
+    if rows.is_none() && cols.is_none() {
+        assert!(ob + (m - 1) * ors + (n - 1) * ocs < out.len);
+    }
+    assert!(rows.is_none_or(|t| t.len() == m) && cols.is_none_or(|t| t.len() == n));
     assert!(lb + (m - 1) * lrs + (k - 1) * lcs < l.len());
     assert!(rb + (k - 1) * rrs + (n - 1) * rcs < r.len());
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && sgemm::available() {
@@ -537,10 +573,12 @@ fn gemm_strided<T: GemmFloat>(
                 (0, lo, m, hi - lo)
             };
             // SAFETY: f32 is `T` (checked above), so the casts only rename the type; the
-            // asserts above bound the whole `m x k`, `k x n` and `m x n` ranges, of which
-            // this part reads rows `i0..i0+mm` of the lhs, columns `j0..j0+nn` of the rhs and
-            // writes that block of the output, disjoint from every other part's and batch
-            // entry's; `sgemm::available()` was checked.
+            // asserts above (and the caller's, for a table) bound the whole `m x k`, `k x n`
+            // and `m x n` ranges, of which this part reads rows `i0..i0+mm` of the lhs,
+            // columns `j0..j0+nn` of the rhs and writes that block of the output (tables
+            // sliced from its first row / column), disjoint from every other part's and
+            // batch entry's (the output layout is a bijection); `sgemm::available()` was
+            // checked.
             unsafe {
                 sgemm::sgemm(
                     mm,
@@ -556,10 +594,25 @@ fn gemm_strided<T: GemmFloat>(
                         rs: rrs,
                         cs: rcs,
                     },
-                    sgemm::MatMut {
-                        ptr: o.ptr.add(ob + i0 * ors + j0 * ocs).cast(),
-                        rs: ors,
-                        cs: ocs,
+                    {
+                        // This part's block: a table is taken from its first row/column,
+                        // the strided dim offsets the base pointer.
+                        let (base, trows) = match rows {
+                            Some(t) => (ob + j0 * ocs, t[i0..].as_ptr()),
+                            None => (ob + i0 * ors, std::ptr::null()),
+                        };
+                        let (base, tcols) = match cols {
+                            Some(t) => (base, t[j0..].as_ptr()),
+                            None if rows.is_some() => (base, std::ptr::null()),
+                            None => (base + j0 * ocs, std::ptr::null()),
+                        };
+                        sgemm::MatMut {
+                            ptr: o.ptr.add(base).cast(),
+                            rs: ors,
+                            cs: ocs,
+                            rows: trows,
+                            cols: tcols,
+                        }
                     },
                 )
             }
@@ -575,6 +628,10 @@ fn gemm_strided<T: GemmFloat>(
         }
         return;
     }
+    assert!(
+        rows.is_none() && cols.is_none(),
+        "output tables need the micro-kernel"
+    );
     // SAFETY: the asserts above bound every element the GEMM reads (`m x k` from `l` at
     // `lb` with strides `lrs`/`lcs`, `k x n` from `r` at `rb`) and writes (`m x n` of the
     // output at `ob` with strides `ors`/`ocs`, inside the exclusively borrowed result

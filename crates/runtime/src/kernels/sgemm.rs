@@ -51,12 +51,47 @@ pub struct MatRef {
     pub cs: usize,
 }
 
-/// A writable strided matrix: element `(i, j)` at `ptr + i*rs + j*cs`.
+/// A writable strided matrix: element `(i, j)` at `ptr + i*rs + j*cs`, or, with a table,
+/// at `ptr + rows[i] + j*cs` (`rows` non-null: `m` offsets) or `ptr + i*rs + cols[j]`
+/// (`cols` non-null: `n` offsets); at most one of the two tables. A table writes a result
+/// whose row (column) dims do not merge into one stride (a fused output transpose) in
+/// place, whole micro-tile rows at a time.
 #[derive(Clone, Copy, Debug)]
 pub struct MatMut {
     pub ptr: *mut f32,
     pub rs: usize,
     pub cs: usize,
+    pub rows: *const usize,
+    pub cols: *const usize,
+}
+
+impl MatMut {
+    /// Plain strides, no table.
+    pub fn strided(ptr: *mut f32, rs: usize, cs: usize) -> MatMut {
+        MatMut {
+            ptr,
+            rs,
+            cs,
+            rows: std::ptr::null(),
+            cols: std::ptr::null(),
+        }
+    }
+
+    /// Start of row `i` (no column table).
+    ///
+    /// # Safety
+    /// `i` is inside the matrix (and its table).
+    #[inline]
+    unsafe fn row(&self, i: usize) -> *mut f32 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.rows.is_null() {
+                self.ptr.add(i * self.rs)
+            } else {
+                self.ptr.add(*self.rows.add(i))
+            }
+        }
+    }
 }
 
 /// A 64-byte aligned scratch buffer of f32, grown on demand and reused per thread.
@@ -94,16 +129,19 @@ thread_local! {
 ///
 /// # Safety
 /// The caller guarantees that [`available`] is true, that every element the strides
-/// address (`(m-1)*rs + (k-1)*cs` past `a.ptr`, and likewise for `b` and `c`) is inside a
-/// live allocation, that `c` addresses `m * n` distinct elements, and that no other thread
-/// accesses `c`'s elements during the call.
+/// address (`(m-1)*rs + (k-1)*cs` past `a.ptr`, and likewise for `b` and `c`; through its
+/// table for a `c` with one: `m` row or `n` column offsets) is inside a live allocation,
+/// that `c` addresses `m * n` distinct elements, and that no other thread accesses `c`'s
+/// elements during the call.
 pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMut) {
     if m == 0 || n == 0 {
         return;
     }
-    if c.cs != 1 && c.rs == 1 {
-        // A result written transposed: compute `C^T = B^T A^T`, whose rows are contiguous,
-        // so the micro-kernel stores whole vectors (the same products, in the same order).
+    debug_assert!(c.rows.is_null() || c.cols.is_null(), "one table at most");
+    if !c.cols.is_null() || (c.rows.is_null() && c.cs != 1 && c.rs == 1) {
+        // A result written transposed, or with a column table: compute `C^T = B^T A^T`,
+        // whose rows are contiguous (or at their own offsets), so the micro-kernel stores
+        // whole vectors (the same products, in the same order).
         let t = |x: MatRef| MatRef {
             ptr: x.ptr,
             rs: x.cs,
@@ -112,7 +150,9 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
         let ct = MatMut {
             ptr: c.ptr,
             rs: c.cs,
-            cs: 1,
+            cs: c.rs,
+            rows: c.cols,
+            cols: std::ptr::null(),
         };
         // SAFETY: the same elements, addressed with swapped strides.
         return unsafe { sgemm(n, m, k, t(b), t(a), ct) };
@@ -165,13 +205,13 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
         }
         for &i in &dead {
             for j in 0..n {
-                *c.ptr.add(i * c.rs + j * c.cs) = 0.0;
+                *c.row(i).add(j * c.cs) = 0.0;
             }
         }
         if ks.is_empty() {
             for &i in &live {
                 for j in 0..n {
-                    *c.ptr.add(i * c.rs + j * c.cs) = 0.0;
+                    *c.row(i).add(j * c.cs) = 0.0;
                 }
             }
             return;
@@ -231,7 +271,7 @@ unsafe fn blocked(
                             for (t, tile) in rblk.chunks(MR).enumerate() {
                                 let mut crow = [std::ptr::null_mut(); MR];
                                 for (q, &i) in tile.iter().enumerate() {
-                                    crow[q] = c.ptr.add(i * c.rs + (jc + jr) * c.cs);
+                                    crow[q] = c.row(i).add((jc + jr) * c.cs);
                                 }
                                 let mr = tile.len();
                                 #[cfg(target_arch = "x86_64")]
@@ -671,17 +711,9 @@ mod tests {
             };
             let mut c = vec![f32::NAN; m * n];
             let cm = if tc {
-                MatMut {
-                    ptr: c.as_mut_ptr(),
-                    rs: 1,
-                    cs: m,
-                }
+                MatMut::strided(c.as_mut_ptr(), 1, m)
             } else {
-                MatMut {
-                    ptr: c.as_mut_ptr(),
-                    rs: n,
-                    cs: 1,
-                }
+                MatMut::strided(c.as_mut_ptr(), n, 1)
             };
             // SAFETY: AVX2 checked by the callers; the strides address exactly the vectors.
             unsafe { sgemm(m, n, k, ar, br, cm) };
