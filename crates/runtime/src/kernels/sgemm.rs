@@ -251,7 +251,9 @@ unsafe fn blocked(
             for pc in (0..kk).step_by(KC) {
                 let kc = KC.min(kk - pc);
                 let kidx = &ks[pc..pc + kc];
-                let finite = pack_b(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb);
+                // Finiteness only matters when there are dead rows to multiply or not.
+                let check = !dead.is_empty();
+                let finite = pack_b(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb, check);
                 // A row-major A over consecutive steps is read in place, row by row (its
                 // block stays in L2 like a packed one); otherwise it is packed.
                 let direct = a.cs == 1 && kidx[kc - 1] - kidx[0] == kc - 1;
@@ -276,16 +278,15 @@ unsafe fn blocked(
                                 let mr = tile.len();
                                 #[cfg(target_arch = "x86_64")]
                                 if direct {
-                                    // Rows past a partial tile read row `tile[0]` again
-                                    // (computed, never stored).
+                                    // Rows past a partial tile are not computed.
                                     let mut arow = [a.ptr.add(tile[0] * a.rs + kidx[0]); MR];
                                     for (q, &i) in tile.iter().enumerate() {
                                         arow[q] = a.ptr.add(i * a.rs + kidx[0]);
                                     }
-                                    avx2::kernel_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
+                                    avx2::tile_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
                                 } else {
                                     let ap = pa[t * MR * kc..].as_ptr();
-                                    avx2::kernel(kc, ap, bp, &crow, c.cs, mr, nr, first);
+                                    avx2::tile(kc, ap, bp, &crow, c.cs, mr, nr, first);
                                 }
                                 #[cfg(not(target_arch = "x86_64"))]
                                 {
@@ -301,8 +302,9 @@ unsafe fn blocked(
     }
 }
 
-/// Whether the `n` contiguous floats at `p` are all zero (`-0.0` included): blocks of 64
-/// tested without branches (vectorised), stopping at the first block with a non-zero.
+/// Whether the `n` contiguous floats at `p` are all zero (`-0.0` included): the first
+/// element, then blocks of 64 tested without branches (vectorised), stopping at the first
+/// block with a non-zero.
 ///
 /// # Safety
 /// `n` floats at `p` are readable.
@@ -310,6 +312,10 @@ unsafe fn blocked(
 unsafe fn all_zero(p: *const f32, n: usize) -> bool {
     // SAFETY: the caller's contract.
     let s = unsafe { std::slice::from_raw_parts(p, n) };
+    // Dense data answers at its first element.
+    if s.first().is_some_and(|&x| x != 0.0) {
+        return false;
+    }
     s.chunks(64)
         .all(|c| c.iter().fold(true, |f, &x| f & (x == 0.0)))
 }
@@ -369,7 +375,7 @@ unsafe fn pack_a(
 
 /// Pack steps `kidx` of an `? x nc` block of B into column panels of `NR`: panel `p`, step
 /// `k`, column `j` at `dst[p*NR*kc + k*NR + j]`, columns past `nc` zero. Returns whether
-/// every packed element is finite.
+/// every packed element is finite (with `check`; `true` unchecked otherwise).
 ///
 /// # Safety
 /// Every `b[k*rs + j*cs]` for `k` in `kidx`, `j < nc` is readable.
@@ -381,6 +387,7 @@ unsafe fn pack_b(
     rs: usize,
     cs: usize,
     dst: &mut [f32],
+    check: bool,
 ) -> bool {
     let kc = kidx.len();
     // `x * 0 == 0` exactly when `x` is finite; folded with `&` so it vectorises.
@@ -395,7 +402,9 @@ unsafe fn pack_b(
         for (kk, &k) in kidx.iter().enumerate() {
             // SAFETY: `nc` contiguous elements of row `k`.
             let src = unsafe { std::slice::from_raw_parts(b.add(k * rs), nc) };
-            finite &= src.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
+            if check {
+                finite &= src.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
+            }
             for (p, part) in src.chunks(NR).enumerate() {
                 let at = p * NR * kc + kk * NR;
                 match <&[f32; NR]>::try_from(part) {
@@ -429,7 +438,7 @@ unsafe fn pack_b(
             let at = src.map(|p| p.wrapping_add(k0));
             // SAFETY: each column holds `kc` readable floats from step `k0`; the panel
             // holds `kc * NR`.
-            finite &= unsafe { avx2::pack_columns(kc, &at, panel.as_mut_ptr()) };
+            finite &= unsafe { avx2::pack_columns(kc, &at, panel.as_mut_ptr(), check) };
             continue;
         }
         for (kk, &k) in kidx.iter().enumerate() {
@@ -438,7 +447,9 @@ unsafe fn pack_b(
                 // SAFETY: element `(k, j)` with `k` in `kidx`, `j < nc`.
                 *x = unsafe { *s.add(k * rs) };
             }
-            finite &= o.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
+            if check {
+                finite &= o.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
+            }
         }
     }
     finite
@@ -449,14 +460,15 @@ mod avx2 {
     use super::{MR, NR};
     use std::arch::x86_64::*;
 
-    type Acc = [[__m256; 2]; MR];
+    /// The accumulators of an `R`-row tile: two 8-lane vectors per row.
+    type Acc<const R: usize> = [[__m256; 2]; R];
 
     /// Start fetching the C tile's lines: its stores come after `kc` steps.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn prefetch_c(c: &[*mut f32; MR], cs: usize, mr: usize) {
+    unsafe fn prefetch_c(c: &[*mut f32], cs: usize) {
         if cs == 1 {
-            for &p in &c[..mr] {
+            for &p in c {
                 // Prefetches never fault; these are the tile row's first and last lines.
                 _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(NR - 1) as *const i8);
@@ -464,16 +476,22 @@ mod avx2 {
         }
     }
 
-    /// Write (`first`) or add the accumulators to the top-left `mr x nr` of the C tile.
+    /// Write (`first`) or add the accumulators to the left `nr` columns of the `R` C rows.
     ///
     /// # Safety
     /// As [`kernel`] for `c`.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn store(acc: &Acc, c: &[*mut f32; MR], cs: usize, mr: usize, nr: usize, first: bool) {
+    /// Always inlined into its (AVX2) kernel, so the accumulators stay in registers.
+    #[inline(always)]
+    unsafe fn store<const R: usize>(
+        acc: &Acc<R>,
+        c: &[*mut f32; MR],
+        cs: usize,
+        nr: usize,
+        first: bool,
+    ) {
         // SAFETY: the caller's contract bounds every element written.
         unsafe {
-            if mr == MR && nr == NR && cs == 1 {
+            if nr == NR && cs == 1 {
                 for (row, &p) in acc.iter().zip(c) {
                     if first {
                         _mm256_storeu_ps(p, row[0]);
@@ -486,17 +504,149 @@ mod avx2 {
                 }
                 return;
             }
-            let mut tile = [0.0f32; MR * NR];
-            for (i, row) in acc.iter().enumerate() {
-                _mm256_storeu_ps(tile.as_mut_ptr().add(i * NR), row[0]);
-                _mm256_storeu_ps(tile.as_mut_ptr().add(i * NR + 8), row[1]);
-            }
-            for i in 0..mr {
-                for j in 0..nr {
-                    let p = c[i].add(j * cs);
-                    let v = tile[i * NR + j];
-                    *p = if first { v } else { *p + v };
+            let mut tile = [0.0f32; NR];
+            for (row, &p) in acc.iter().zip(c) {
+                _mm256_storeu_ps(tile.as_mut_ptr(), row[0]);
+                _mm256_storeu_ps(tile.as_mut_ptr().add(8), row[1]);
+                for (j, &v) in tile.iter().enumerate().take(nr) {
+                    let q = p.add(j * cs);
+                    *q = if first { v } else { *q + v };
                 }
+            }
+        }
+    }
+
+    /// The `R x NR` micro-kernel: `C[tile] (=|+=) Apanel · Bpanel` over `kc` packed steps
+    /// (A panel rows `MR` apart per step, of which the first `R` are used), writing the
+    /// left `nr` columns of rows `c[..R]`, columns `cs` apart (`first`: overwrite, else
+    /// accumulate).
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available; `a` holds `kc * MR` and `b` `kc * NR` readable floats
+    /// (`b` 32-byte aligned); the `R x nr` elements `c[i] + j*cs` are writable and touched
+    /// by no other thread.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn kernel<const R: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: &[*mut f32; MR],
+        cs: usize,
+        nr: usize,
+        first: bool,
+    ) {
+        // SAFETY: the caller's contract bounds every pointer offset below.
+        unsafe {
+            prefetch_c(&c[..R], cs);
+            let mut acc: Acc<R> = [[_mm256_setzero_ps(); 2]; R];
+            let (mut ap, mut bp) = (a, b);
+            for _ in 0..kc {
+                let b0 = _mm256_load_ps(bp);
+                let b1 = _mm256_load_ps(bp.add(8));
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let ai = _mm256_broadcast_ss(&*ap.add(i));
+                    row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+                }
+                ap = ap.add(MR);
+                bp = bp.add(NR);
+            }
+            store::<R>(&acc, c, cs, nr, first);
+        }
+    }
+
+    /// [`kernel`] reading A in place: row `i` of the tile is `kc` contiguous floats at
+    /// `a[i]`.
+    ///
+    /// # Safety
+    /// As [`kernel`], with `kc` floats readable at each `a[i]`, `i < R`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn kernel_rows<const R: usize>(
+        kc: usize,
+        a: &[*const f32; MR],
+        b: *const f32,
+        c: &[*mut f32; MR],
+        cs: usize,
+        nr: usize,
+        first: bool,
+    ) {
+        // SAFETY: the caller's contract bounds every pointer offset below.
+        unsafe {
+            prefetch_c(&c[..R], cs);
+            let rows: [*const f32; R] = std::array::from_fn(|i| a[i]);
+            let mut acc: Acc<R> = [[_mm256_setzero_ps(); 2]; R];
+            let mut bp = b;
+            for p in 0..kc {
+                let b0 = _mm256_load_ps(bp);
+                let b1 = _mm256_load_ps(bp.add(8));
+                for (row, ar) in acc.iter_mut().zip(rows) {
+                    let ai = _mm256_broadcast_ss(&*ar.add(p));
+                    row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+                }
+                bp = bp.add(NR);
+            }
+            store::<R>(&acc, c, cs, nr, first);
+        }
+    }
+
+    /// One `mr x nr` tile from a packed A panel: [`kernel`] with exactly `mr` rows
+    /// (a partial tile computes only its own rows).
+    ///
+    /// # Safety
+    /// As [`kernel`] with `R = mr` (`1 <= mr <= MR`).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: &[*mut f32; MR],
+        cs: usize,
+        mr: usize,
+        nr: usize,
+        first: bool,
+    ) {
+        // SAFETY: the caller's contract, with `R == mr`.
+        unsafe {
+            match mr {
+                6 => kernel::<6>(kc, a, b, c, cs, nr, first),
+                5 => kernel::<5>(kc, a, b, c, cs, nr, first),
+                4 => kernel::<4>(kc, a, b, c, cs, nr, first),
+                3 => kernel::<3>(kc, a, b, c, cs, nr, first),
+                2 => kernel::<2>(kc, a, b, c, cs, nr, first),
+                _ => kernel::<1>(kc, a, b, c, cs, nr, first),
+            }
+        }
+    }
+
+    /// One `mr x nr` tile reading A in place: [`kernel_rows`] with exactly `mr` rows.
+    ///
+    /// # Safety
+    /// As [`kernel_rows`] with `R = mr` (`1 <= mr <= MR`).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile_rows(
+        kc: usize,
+        a: &[*const f32; MR],
+        b: *const f32,
+        c: &[*mut f32; MR],
+        cs: usize,
+        mr: usize,
+        nr: usize,
+        first: bool,
+    ) {
+        // SAFETY: the caller's contract, with `R == mr`.
+        unsafe {
+            match mr {
+                6 => kernel_rows::<6>(kc, a, b, c, cs, nr, first),
+                5 => kernel_rows::<5>(kc, a, b, c, cs, nr, first),
+                4 => kernel_rows::<4>(kc, a, b, c, cs, nr, first),
+                3 => kernel_rows::<3>(kc, a, b, c, cs, nr, first),
+                2 => kernel_rows::<2>(kc, a, b, c, cs, nr, first),
+                _ => kernel_rows::<1>(kc, a, b, c, cs, nr, first),
             }
         }
     }
@@ -534,12 +684,18 @@ mod avx2 {
     }
 
     /// Pack `kc` steps of sixteen contiguous columns (`col[j]` holds `kc` floats) into a B
-    /// panel (`dst[k*NR + j]`); returns whether every value is finite.
+    /// panel (`dst[k*NR + j]`); returns whether every value is finite (with `check`;
+    /// `true` unchecked otherwise).
     ///
     /// # Safety
     /// `kc` floats readable at each `col[j]`, `kc * NR` writable at `dst`.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn pack_columns(kc: usize, col: &[*const f32; NR], dst: *mut f32) -> bool {
+    pub(super) unsafe fn pack_columns(
+        kc: usize,
+        col: &[*const f32; NR],
+        dst: *mut f32,
+        check: bool,
+    ) -> bool {
         // `x * 0` is NaN exactly for a non-finite `x`, and a NaN survives the sum.
         let mut nan = _mm256_setzero_ps();
         let zero = _mm256_setzero_ps();
@@ -551,8 +707,10 @@ mod avx2 {
                 for half in 0..2 {
                     let rows: [__m256; 8] =
                         std::array::from_fn(|j| _mm256_loadu_ps(col[half * 8 + j].add(kk)));
-                    for &r in &rows {
-                        nan = _mm256_add_ps(nan, _mm256_mul_ps(r, zero));
+                    if check {
+                        for &r in &rows {
+                            nan = _mm256_add_ps(nan, _mm256_mul_ps(r, zero));
+                        }
                     }
                     for (t, v) in transpose8(rows).into_iter().enumerate() {
                         _mm256_store_ps(dst.add((kk + t) * NR + half * 8), v);
@@ -569,84 +727,6 @@ mod avx2 {
                 }
             }
             finite
-        }
-    }
-
-    /// The `MR x NR` micro-kernel: `C[tile] (=|+=) Apanel · Bpanel` over `kc` packed
-    /// steps, writing only the top-left `mr x nr`: row `i` of the tile starts at `c[i]`, its
-    /// columns `cs` apart (`first`: overwrite, else accumulate).
-    ///
-    /// # Safety
-    /// AVX2 and FMA are available; `a` holds `kc * MR` and `b` `kc * NR` readable floats
-    /// (`b` 32-byte aligned); the `mr x nr` elements `c[i] + j*cs` are writable and touched
-    /// by no other thread.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn kernel(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        c: &[*mut f32; MR],
-        cs: usize,
-        mr: usize,
-        nr: usize,
-        first: bool,
-    ) {
-        // SAFETY: the caller's contract bounds every pointer offset below.
-        unsafe {
-            prefetch_c(c, cs, mr);
-            let mut acc: Acc = [[_mm256_setzero_ps(); 2]; MR];
-            let (mut ap, mut bp) = (a, b);
-            for _ in 0..kc {
-                let b0 = _mm256_load_ps(bp);
-                let b1 = _mm256_load_ps(bp.add(8));
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let ai = _mm256_broadcast_ss(&*ap.add(i));
-                    row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
-                }
-                ap = ap.add(MR);
-                bp = bp.add(NR);
-            }
-            store(&acc, c, cs, mr, nr, first);
-        }
-    }
-
-    /// [`kernel`] reading A in place: row `i` of the tile is `kc` contiguous floats at
-    /// `a[i]`.
-    ///
-    /// # Safety
-    /// As [`kernel`], with `kc` floats readable at each `a[i]`.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn kernel_rows(
-        kc: usize,
-        a: &[*const f32; MR],
-        b: *const f32,
-        c: &[*mut f32; MR],
-        cs: usize,
-        mr: usize,
-        nr: usize,
-        first: bool,
-    ) {
-        // SAFETY: the caller's contract bounds every pointer offset below.
-        unsafe {
-            prefetch_c(c, cs, mr);
-            let [a0, a1, a2, a3, a4, a5] = *a;
-            let mut acc: Acc = [[_mm256_setzero_ps(); 2]; MR];
-            let mut bp = b;
-            for p in 0..kc {
-                let b0 = _mm256_load_ps(bp);
-                let b1 = _mm256_load_ps(bp.add(8));
-                let rows = [a0, a1, a2, a3, a4, a5];
-                for (row, ar) in acc.iter_mut().zip(rows) {
-                    let ai = _mm256_broadcast_ss(&*ar.add(p));
-                    row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
-                }
-                bp = bp.add(NR);
-            }
-            store(&acc, c, cs, mr, nr, first);
         }
     }
 }
@@ -748,6 +828,11 @@ mod tests {
             (13, 33, 300),
             (100, 1030, 257),
             (6, 16, 512),
+            // Partial tiles of every height (m % MR = 2, 3, 4, 5).
+            (8, 20, 9),
+            (9, 16, 33),
+            (4, 48, 17),
+            (11, 31, 70),
         ] {
             check(m, n, k, &values(m * k, 1), &values(k * n, 2));
         }
