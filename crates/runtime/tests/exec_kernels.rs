@@ -661,11 +661,39 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
         &[&eo, &comb_v],
         None,
     );
+    // The same two backward products written transposed, as the MoE backward does: the
+    // result's rows become contiguous (one slice update per non-zero).
+    let back_d = b.emit(
+        Op::DotGeneral(dd(vec![0], vec![0], vec![1, 2], vec![2, 3])),
+        &[&eo_t, &comb_v],
+        None,
+    );
+    let back_t = b.emit(
+        Op::Transpose {
+            perm: vec![0, 2, 1],
+        },
+        &[&back_d],
+        None,
+    );
+    let back2_d = b.emit(
+        Op::DotGeneral(dd(vec![0], vec![0], vec![1], vec![1])),
+        &[&dy, &comb_v],
+        None,
+    );
+    let back2_t = b.emit(
+        Op::Transpose {
+            perm: vec![2, 0, 3, 1],
+        },
+        &[&back2_d],
+        None,
+    );
     b.output("dispatch", &dispatch);
     b.output("combine", &combine);
     b.output("back", &back);
     b.output("back2", &back2);
     b.output("back3", &back3);
+    b.output("back_t", &back_t);
+    b.output("back2_t", &back2_t);
     let p = b.finish();
     let mut ins: HashMap<String, HostTensor> = HashMap::new();
     ins.insert("combine".into(), HostTensor::from_f64_values(gsec, &comb));
@@ -684,7 +712,9 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
         .unwrap()
         .outputs
         .remove(0);
-    for name in ["dispatch", "combine", "back", "back2", "back3"] {
+    for name in [
+        "dispatch", "combine", "back", "back2", "back3", "back_t", "back2_t",
+    ] {
         let w = &want[name];
         let scale = w.to_f64_vec().iter().fold(0.0f64, |a, v| a.max(v.abs()));
         let bound = HostTensor::from_f64(w.shape().to_vec(), vec![scale * 4.0; w.num_elements()]);
@@ -696,12 +726,14 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
         .filter(|e| e.cat == "dot")
         .map(|e| e.detail)
         .collect();
-    assert_eq!(paths.len(), 5, "{paths:?}");
+    assert_eq!(paths.len(), 7, "{paths:?}");
     assert!(paths[0].starts_with("SparseLhs"), "{paths:?}");
     assert!(paths[1].starts_with("SparseLhs"), "{paths:?}");
     assert!(paths[2].starts_with("SparseRhs"), "{paths:?}");
     assert!(paths[3].starts_with("SparseRhs"), "{paths:?}");
     assert!(paths[4].starts_with("SparseRhs"), "{paths:?}");
+    assert!(paths[5].starts_with("SparseRhs"), "{paths:?}");
+    assert!(paths[6].starts_with("SparseRhs"), "{paths:?}");
     // A NaN in the dense operand: the dense path, and the NaNs the reference produces.
     let mut xs = ins["x"].to_f64_vec();
     xs[5] = f64::NAN;

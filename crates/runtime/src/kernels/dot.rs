@@ -801,6 +801,9 @@ fn sparse_rhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: u
     let (lb, rb, ob) = (lv.batch_off[bb], rv.batch_off[bb], p.out.batch_off[bb]);
     zero_out(p, out, ob);
     assert!(m == 0 || ob + p.out.last(m, n) < out.len);
+    // A column of `l` and a column of the result both contiguous (the one-hot dispatch's
+    // gradient, the combine weights' gradient): each term is one slice update.
+    let contiguous = lv.rows_unit && p.out.rs == 1 && p.out.row_off.is_none();
     // `r` is walked as its transpose (`n x k`), so each column's terms come in increasing
     // `kk` whichever direction is contiguous.
     nonzeros(
@@ -811,8 +814,19 @@ fn sparse_rhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: u
         |j, kk, v| {
             let l0 = lb + lv.cols[kk];
             let oc = ob + p.out.col(j);
-            for (i, &ro) in lv.rows.iter().enumerate() {
-                axpy_out(out, oc + p.out.row(i), l[l0 + ro] * v);
+            if contiguous {
+                let col = &l[l0 + lv.rows[0]..l0 + lv.rows[0] + m];
+                assert!(oc + m <= out.len);
+                // SAFETY: column `j` of this batch entry (`m` contiguous elements, bounded
+                // by the assert) is written by this task only, and nothing else borrows it.
+                let ocol = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(oc), m) };
+                for (o, &x) in ocol.iter_mut().zip(col) {
+                    *o = *o + x * v;
+                }
+            } else {
+                for (i, &ro) in lv.rows.iter().enumerate() {
+                    axpy_out(out, oc + p.out.row(i), l[l0 + ro] * v);
+                }
             }
         },
     );
