@@ -472,26 +472,60 @@ fn for_each_block_elem(
 impl HostTensor {
     /// Copy out a block (one device's shard), zero-filling its padding.
     pub fn block(&self, block: &[BlockDim]) -> HostTensor {
-        let src = self.to_f64_vec();
         let local: Vec<usize> = block.iter().map(|b| b.padded).collect();
-        let mut out = vec![0.0; local.iter().product()];
-        for_each_block_elem(self.shape(), block, |li, gi| {
-            if let Some(gi) = gi {
-                out[li] = src[gi];
-            }
-        });
-        HostTensor::from_f64_values(self.ty.with_shape(local), &out)
+        let n: usize = local.iter().product();
+        // Element copies in the tensor's own dtype (padding is the dtype's zero).
+        fn pick<T: Copy + Default>(
+            src: &[T],
+            shape: &[usize],
+            block: &[BlockDim],
+            n: usize,
+        ) -> Vec<T> {
+            let mut out = vec![T::default(); n];
+            for_each_block_elem(shape, block, |li, gi| {
+                if let Some(gi) = gi {
+                    out[li] = src[gi];
+                }
+            });
+            out
+        }
+        let shape = self.shape();
+        let data = match &self.data {
+            Data::F32(v) => Data::F32(pick(v, shape, block, n)),
+            Data::F64(v) => Data::F64(pick(v, shape, block, n)),
+            Data::BF16(v) => Data::BF16(pick(v, shape, block, n)),
+            Data::I32(v) => Data::I32(pick(v, shape, block, n)),
+            Data::Bool(v) => Data::Bool(pick(v, shape, block, n)),
+        };
+        HostTensor {
+            ty: self.ty.with_shape(local),
+            data,
+        }
     }
 
     /// Write a block's data (not its padding) into this tensor.
     pub fn set_block(&mut self, block: &[BlockDim], part: &HostTensor) {
-        let mut dst = self.to_f64_vec();
-        let src = part.to_f64_vec();
-        for_each_block_elem(&self.ty.shape.clone(), block, |li, gi| {
-            if let Some(gi) = gi {
-                dst[gi] = src[li];
+        fn put<T: Copy>(dst: &mut [T], src: &[T], shape: &[usize], block: &[BlockDim]) {
+            for_each_block_elem(shape, block, |li, gi| {
+                if let Some(gi) = gi {
+                    dst[gi] = src[li];
+                }
+            });
+        }
+        let shape = self.ty.shape.clone();
+        match (&mut self.data, &part.data) {
+            (Data::F32(d), Data::F32(s)) => put(d, s, &shape, block),
+            (Data::F64(d), Data::F64(s)) => put(d, s, &shape, block),
+            (Data::BF16(d), Data::BF16(s)) => put(d, s, &shape, block),
+            (Data::I32(d), Data::I32(s)) => put(d, s, &shape, block),
+            (Data::Bool(d), Data::Bool(s)) => put(d, s, &shape, block),
+            // Different dtypes: through f64, as values convert.
+            _ => {
+                let mut dst = self.to_f64_vec();
+                let src = part.to_f64_vec();
+                put(&mut dst, &src, &shape, block);
+                *self = HostTensor::from_f64_values(self.ty.clone(), &dst);
             }
-        });
-        *self = HostTensor::from_f64_values(self.ty.clone(), &dst);
+        }
     }
 }

@@ -28,7 +28,7 @@ use serde_json::json;
 use spmd::Partitioned;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use thiserror::Error;
 
@@ -407,6 +407,22 @@ pub struct Trainer {
     state: Vec<HashMap<String, HostTensor>>,
     pub step: u64,
     pub peak_bytes_per_device: usize,
+    /// The step and eval programs prepared once (fusion plan, liveness, buffer pools kept
+    /// across steps, so a step allocates nothing once warm).
+    step_exe: OnceLock<runtime::Executable>,
+    eval_exe: OnceLock<runtime::Executable>,
+}
+
+/// The executable of `p` in `cell`, prepared on first use.
+fn prepared<'a>(
+    cell: &'a OnceLock<runtime::Executable>,
+    p: &ir::Program,
+) -> Result<&'a runtime::Executable, TrainError> {
+    if let Some(e) = cell.get() {
+        return Ok(e);
+    }
+    let e = runtime::Executable::new(p).map_err(|e| TrainError::Run(e.to_string()))?;
+    Ok(cell.get_or_init(|| e))
 }
 
 impl Trainer {
@@ -467,6 +483,8 @@ impl Trainer {
             state,
             step,
             peak_bytes_per_device: 0,
+            step_exe: OnceLock::new(),
+            eval_exe: OnceLock::new(),
         })
     }
 
@@ -518,25 +536,56 @@ impl Trainer {
             "seed".into(),
             HostTensor::from_f64_values(Type::scalar(DType::I32), &[seed]),
         );
-        let inputs = self.inputs(&self.programs.step, &batch);
-        let r = runtime::run_devices_profiled(
-            &self.programs.step.program,
-            self.comm.as_ref(),
-            &inputs,
-            profiler,
-        )
-        .map_err(|e| TrainError::Run(e.to_string()))?;
+        let exe = prepared(&self.step_exe, &self.programs.step.program)?;
+        // The state moves into the run (shared, not copied) and back out of it; the batch
+        // shards join it for the run only.
+        let mesh = self.mesh();
+        let positions = self.comm.local_positions();
+        let mut shared: Vec<HashMap<String, Arc<HostTensor>>> = std::mem::take(&mut self.state)
+            .into_iter()
+            .map(|m| m.into_iter().map(|(k, t)| (k, Arc::new(t))).collect())
+            .collect();
+        let mut fed = Vec::new();
+        for l in &self.programs.step.params {
+            if let Some(t) = batch.get(&l.name) {
+                fed.push(l.name.clone());
+                for (&pos, m) in positions.iter().zip(shared.iter_mut()) {
+                    let b = t.block(&devices::block(l, &mesh, pos));
+                    m.insert(l.name.clone(), Arc::new(b));
+                }
+            }
+        }
+        let r = exe.run_shared(self.comm.as_ref(), &shared, profiler);
+        // Back to owned tensors (the run kept no reference); batch shards are spare buffers.
+        let mut spare: Vec<HashMap<String, HostTensor>> = Vec::with_capacity(shared.len());
+        for m in shared {
+            let mut own: HashMap<String, HostTensor> = m
+                .into_iter()
+                .map(|(k, a)| (k, Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone())))
+                .collect();
+            spare.push(
+                fed.iter()
+                    .filter_map(|n| own.remove_entry(n.as_str()))
+                    .collect(),
+            );
+            self.state.push(own);
+        }
+        let r = r.map_err(|e| TrainError::Run(e.to_string()))?;
         self.peak_bytes_per_device = self.peak_bytes_per_device.max(r.peak_bytes_per_device);
         let mut scalars = HashMap::new();
         for (j, outs) in r.outputs.into_iter().enumerate() {
             for (name, t) in outs {
                 if let Some(x) = name.strip_prefix("new/") {
-                    self.state[j].insert(x.to_string(), t);
+                    // The replaced tensor's buffer goes back to the device's pool.
+                    if let Some(old) = self.state[j].insert(x.to_string(), t) {
+                        spare[j].insert(name, old);
+                    }
                 } else if j == 0 {
                     scalars.insert(name, t);
                 }
             }
         }
+        exe.recycle(spare);
         self.step += 1;
         Ok(scalars)
     }
@@ -577,7 +626,8 @@ impl Trainer {
     ) -> Result<(f64, HostTensor), TrainError> {
         let part = &self.programs.eval;
         let inputs = self.inputs(part, batch);
-        let r = runtime::run_devices(&part.program, self.comm.as_ref(), &inputs)
+        let r = prepared(&self.eval_exe, &part.program)?
+            .run(self.comm.as_ref(), &inputs, None)
             .map_err(|e| TrainError::Run(e.to_string()))?;
         let n = self.mesh().num_devices();
         let all = gather_positions(self.comm.as_ref(), &r.outputs, n)
