@@ -592,6 +592,20 @@ mod avx2 {
         }
     }
 
+    /// `f::<mr>(args)`: the kernel instance of a tile's height (1 to 6).
+    macro_rules! by_height {
+        ($mr:expr, $f:ident($($arg:expr),*)) => {
+            match $mr {
+                6 => $f::<6>($($arg),*),
+                5 => $f::<5>($($arg),*),
+                4 => $f::<4>($($arg),*),
+                3 => $f::<3>($($arg),*),
+                2 => $f::<2>($($arg),*),
+                _ => $f::<1>($($arg),*),
+            }
+        };
+    }
+
     /// One `mr x nr` tile from a packed A panel: [`kernel`] with exactly `mr` rows
     /// (a partial tile computes only its own rows).
     ///
@@ -610,16 +624,7 @@ mod avx2 {
         first: bool,
     ) {
         // SAFETY: the caller's contract, with `R == mr`.
-        unsafe {
-            match mr {
-                6 => kernel::<6>(kc, a, b, c, cs, nr, first),
-                5 => kernel::<5>(kc, a, b, c, cs, nr, first),
-                4 => kernel::<4>(kc, a, b, c, cs, nr, first),
-                3 => kernel::<3>(kc, a, b, c, cs, nr, first),
-                2 => kernel::<2>(kc, a, b, c, cs, nr, first),
-                _ => kernel::<1>(kc, a, b, c, cs, nr, first),
-            }
-        }
+        unsafe { by_height!(mr, kernel(kc, a, b, c, cs, nr, first)) }
     }
 
     /// One `mr x nr` tile reading A in place: [`kernel_rows`] with exactly `mr` rows.
@@ -639,16 +644,7 @@ mod avx2 {
         first: bool,
     ) {
         // SAFETY: the caller's contract, with `R == mr`.
-        unsafe {
-            match mr {
-                6 => kernel_rows::<6>(kc, a, b, c, cs, nr, first),
-                5 => kernel_rows::<5>(kc, a, b, c, cs, nr, first),
-                4 => kernel_rows::<4>(kc, a, b, c, cs, nr, first),
-                3 => kernel_rows::<3>(kc, a, b, c, cs, nr, first),
-                2 => kernel_rows::<2>(kc, a, b, c, cs, nr, first),
-                _ => kernel_rows::<1>(kc, a, b, c, cs, nr, first),
-            }
-        }
+        unsafe { by_height!(mr, kernel_rows(kc, a, b, c, cs, nr, first)) }
     }
 
     /// Transpose eight rows of eight floats (row `i` of the result is column `i`).
