@@ -686,6 +686,19 @@ fn axpy_out<T: GemmFloat>(out: OutPtr<T>, at: usize, v: T) {
     }
 }
 
+/// `out[at + t] += term(xs[t])` over a contiguous run of the result (a row or column of
+/// the calling task's batch entry).
+#[inline(always)]
+fn add_run<T: GemmFloat>(out: OutPtr<T>, at: usize, xs: &[T], term: impl Fn(T) -> T) {
+    assert!(at + xs.len() <= out.len);
+    // SAFETY: bounded by the assert; the run belongs to this task's batch entry, which no
+    // other task writes and nothing else borrows.
+    let run = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(at), xs.len()) };
+    for (o, &x) in run.iter_mut().zip(xs) {
+        *o = *o + term(x);
+    }
+}
+
 fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
     let (m, n) = (p.m, p.n);
     assert!(ob + p.out.last(m, n) < out.len);
@@ -776,14 +789,8 @@ fn sparse_lhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: u
             let o0 = ob + p.out.row(i);
             let r0 = rb + rv.rows[kk];
             if contiguous {
-                let row = &r[r0 + rv.cols[0]..r0 + rv.cols[0] + n];
-                assert!(o0 + n <= out.len);
-                // SAFETY: row `i` of this batch entry (`n` contiguous elements, bounded by
-                // the assert) is written by this task only, and nothing else borrows it.
-                let orow = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(o0), n) };
-                for (o, &x) in orow.iter_mut().zip(row) {
-                    *o = *o + v * x;
-                }
+                let c0 = r0 + rv.cols[0];
+                add_run(out, o0, &r[c0..c0 + n], |x| v * x);
             } else {
                 for (j, &co) in rv.cols.iter().enumerate() {
                     axpy_out(out, o0 + p.out.col(j), v * r[r0 + co]);
@@ -815,14 +822,8 @@ fn sparse_rhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: u
             let l0 = lb + lv.cols[kk];
             let oc = ob + p.out.col(j);
             if contiguous {
-                let col = &l[l0 + lv.rows[0]..l0 + lv.rows[0] + m];
-                assert!(oc + m <= out.len);
-                // SAFETY: column `j` of this batch entry (`m` contiguous elements, bounded
-                // by the assert) is written by this task only, and nothing else borrows it.
-                let ocol = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(oc), m) };
-                for (o, &x) in ocol.iter_mut().zip(col) {
-                    *o = *o + x * v;
-                }
+                let r0 = l0 + lv.rows[0];
+                add_run(out, oc, &l[r0..r0 + m], |x| x * v);
             } else {
                 for (i, &ro) in lv.rows.iter().enumerate() {
                     axpy_out(out, oc + p.out.row(i), l[l0 + ro] * v);
