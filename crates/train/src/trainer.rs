@@ -625,9 +625,14 @@ impl Trainer {
         batch: &HashMap<String, HostTensor>,
     ) -> Result<(f64, HostTensor), TrainError> {
         let part = &self.programs.eval;
-        let inputs = self.inputs(part, batch);
+        // One copy of the state, shared with the run (`run` would copy it again).
+        let inputs: Vec<HashMap<String, Arc<HostTensor>>> = self
+            .inputs(part, batch)
+            .into_iter()
+            .map(|m| m.into_iter().map(|(k, t)| (k, Arc::new(t))).collect())
+            .collect();
         let r = prepared(&self.eval_exe, &part.program)?
-            .run(self.comm.as_ref(), &inputs, None)
+            .run_shared(self.comm.as_ref(), &inputs, None)
             .map_err(|e| TrainError::Run(e.to_string()))?;
         let n = self.mesh().num_devices();
         let all = gather_positions(self.comm.as_ref(), &r.outputs, n)
