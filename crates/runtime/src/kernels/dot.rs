@@ -485,26 +485,15 @@ fn gemm_one<T: GemmFloat>(
     par: gemm::Parallelism,
 ) {
     let (rows, cols) = (p.out.row_off.as_deref(), p.out.col_off.as_deref());
-    if rows.is_none() && cols.is_none() {
-        return gemm_strided(
-            p,
-            l,
-            lb,
-            r,
-            rb,
-            out,
-            ob,
-            (p.out.rs, None),
-            (p.out.cs, None),
-            par,
-        );
-    }
     let is_f32 = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
-    if is_f32 && sgemm::available() && (rows.is_none() || cols.is_none()) {
-        // Rows (or columns) at their own offsets, the other at one stride (a fused output
-        // transpose whose row dims do not merge: an expert's input gradient written as
-        // [G, E, C, M]): the micro-kernel stores each tile row at its row's offset.
-        assert!(ob + p.out.last(p.m, p.n) < out.len);
+    let one_table = is_f32 && sgemm::available() && (rows.is_none() || cols.is_none());
+    if (rows.is_none() && cols.is_none()) || one_table {
+        // Plain strides, or rows (columns) at their own offsets and the other at one stride
+        // (a fused output transpose whose row dims do not merge: an expert's input gradient
+        // written as [G, E, C, M]): the micro-kernel stores each tile row at its offset.
+        if rows.is_some() || cols.is_some() {
+            assert!(ob + p.out.last(p.m, p.n) < out.len);
+        }
         return gemm_strided(
             p,
             l,
