@@ -1034,10 +1034,22 @@ fn dot_epilogues_match_the_ops_run_apart() {
     let v = b.param("v", ty(&[e, h, m]));
     let u = b.param("u", ty(&[e, t, h]));
     let c = b.param("c", ty(&[e, t, m]));
+    // A per-column bias: a broadcast leaf whose value depends on the element's position
+    // (the epilogue runs on row strips at their own offsets).
+    let bias = b.param("bias", ty(&[m]));
+    let bias_b = b.emit(
+        Op::Broadcast { dims: vec![2] },
+        &[&bias],
+        Some(ty(&[e, t, m])),
+    );
     let pre = x.dot_general(&w, batched(2));
     let act = pre.max(0.0);
     let mask = pre.eq(&act).select(&u, 0.0);
-    let y = act.dot_general(&v, batched(2)).mul(3.0).add(&c);
+    let y = act
+        .dot_general(&v, batched(2))
+        .mul(3.0)
+        .add(&c)
+        .add(&bias_b);
     b.output("pre", &pre);
     b.output("act", &act);
     b.output("mask", &mask);
@@ -1049,7 +1061,7 @@ fn dot_epilogues_match_the_ops_run_apart() {
         .unwrap();
     for sparse in [false, true] {
         let mut rng = Rng(if sparse { 11 } else { 7 });
-        let mut ins: HashMap<String, HostTensor> = ["x", "w", "v", "u", "c"]
+        let mut ins: HashMap<String, HostTensor> = ["x", "w", "v", "u", "c", "bias"]
             .iter()
             .map(|&n| (n.to_string(), rng.tensor(p.ty(p.param(n).unwrap()), false)))
             .collect();
@@ -1099,14 +1111,27 @@ fn dot_epilogues_match_the_ops_run_apart() {
         // `act` may differ from the reference's by the up-projection's rounding: compare y
         // with the reference run on the executor's `act`.
         let br = Builder::new();
-        let (a3, v3, c3) = (
+        let (a3, v3, c3, bias3) = (
             br.param("a", ty(&[e, t, h])),
             br.param("v", ty(&[e, h, m])),
             br.param("c", ty(&[e, t, m])),
+            br.param("bias", ty(&[m])),
         );
-        br.output("y", &a3.dot_general(&v3, batched(2)).mul(3.0).add(&c3));
+        let bias3 = br.emit(
+            Op::Broadcast { dims: vec![2] },
+            &[&bias3],
+            Some(ty(&[e, t, m])),
+        );
+        br.output(
+            "y",
+            &a3.dot_general(&v3, batched(2))
+                .mul(3.0)
+                .add(&c3)
+                .add(&bias3),
+        );
         let mut y_ins = bound_ins.clone();
         y_ins.insert("c".into(), ins["c"].clone());
+        y_ins.insert("bias".into(), ins["bias"].clone());
         let want_y = runtime::run(&br.finish(), &y_ins).unwrap();
         assert_bounded("y", &got["y"], &want_y["y"], &bound["y"], 1e-5, 1e-6);
     }

@@ -165,6 +165,54 @@ fn scratch(dt: DType) -> Sc {
     }
 }
 
+thread_local! {
+    /// Scratch lanes of finished evaluations on this thread, for the next one: a group run
+    /// on many small parts (a GEMM epilogue, strip by strip) would otherwise allocate and
+    /// zero a lane per node per part.
+    static SPARE: std::cell::RefCell<Vec<Sc>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One scratch lane per node of `f` (from this thread's spares where possible). Contents
+/// are arbitrary: every lane is written before it is read (as between chunks).
+fn take_scratch(f: &Fused) -> Vec<Sc> {
+    SPARE.with(|cell| {
+        let Ok(mut spare) = cell.try_borrow_mut() else {
+            return f.nodes.iter().map(|(_, dt)| scratch(*dt)).collect();
+        };
+        f.nodes
+            .iter()
+            .map(|(_, dt)| {
+                let fits = |s: &Sc| {
+                    matches!(
+                        (s, dt),
+                        (Sc::F(_), DType::F32 | DType::BF16)
+                            | (Sc::D(_), DType::F64)
+                            | (Sc::I(_), DType::I32)
+                            | (Sc::B(_), DType::Bool)
+                    )
+                };
+                match spare.iter().rposition(fits) {
+                    Some(i) => spare.swap_remove(i),
+                    None => scratch(*dt),
+                }
+            })
+            .collect()
+    })
+}
+
+/// Keep the lanes for the next evaluation on this thread (a bounded number).
+fn give_scratch(sc: Vec<Sc>) {
+    SPARE.with(|cell| {
+        if let Ok(mut spare) = cell.try_borrow_mut() {
+            for s in sc {
+                if spare.len() < 64 {
+                    spare.push(s);
+                }
+            }
+        }
+    });
+}
+
 #[inline]
 fn bf(x: f64) -> f32 {
     f64_to_bf16(x).to_f32()
@@ -1091,7 +1139,7 @@ fn run_range_impl<T: Store>(
     inplace: Option<usize>,
     pre: Option<&[f32]>,
 ) {
-    let mut sc: Vec<Sc> = f.nodes.iter().map(|(_, dt)| scratch(*dt)).collect();
+    let mut sc = take_scratch(f);
     for ((node, dt), s) in f.nodes.iter().zip(sc.iter_mut()) {
         if let Node::Splat(x) = node {
             fill_splat(*x, *dt, s.lane_mut(CHUNK));
@@ -1133,6 +1181,7 @@ fn run_range_impl<T: Store>(
             T::store(&sc[root], o);
         }
     }
+    give_scratch(sc);
 }
 
 fn drive<T: Store>(f: &Fused, inputs: &[&Data], out: &mut [T], inplace: Option<usize>) {
