@@ -33,7 +33,7 @@
 //! included, aliases counted once); `peak_resident_bytes_per_device` adds the pool.
 
 use crate::comm::{wire_bytes, CommError, Communicator};
-use crate::kernels::dot::{dot, dot_then, DotPath, DotPlan};
+use crate::kernels::dot::{dot, dot_masked, dot_then, DotPath, DotPlan};
 use crate::kernels::elementwise::{
     collapse_broadcast, run_fused_inplace, run_fused_part, Fused, Node,
 };
@@ -110,6 +110,13 @@ enum Kind {
     /// Shares the buffer of this value.
     Alias(usize),
     Dot(Box<DotPlan>),
+    /// An f32 dot used only multiplied by one of the f32 values `masks` (its shape) and then
+    /// summed: computed where a mask is non-zero, when that is exact ([`dot_masked`]),
+    /// else as [`Kind::Dot`].
+    MaskedDot {
+        plan: Box<DotPlan>,
+        masks: Vec<usize>,
+    },
     /// An f32 dot (value `dot`) whose batch entries go, each right after its GEMM, through
     /// the f32 fused group `f` that reads it as input `slot`: the group's result is this
     /// step's value. With `keep`, the dot's result is materialised too (other steps read
@@ -457,6 +464,86 @@ fn identity_op(p: &Program, i: usize, op: &Op) -> bool {
     }
 }
 
+/// Mark the f32 dots whose every use is `dot * mask` (a group of that one multiply, with
+/// `mask` computed before the dot) summed by reductions and nothing else, as
+/// [`Kind::MaskedDot`]: where every mask is zero the product's value cannot matter to a
+/// sum (when finite; checked at run time), so only the masked-in values are computed.
+fn mask_dots(p: &Program, steps: &mut [Step]) {
+    let mut producer: HashMap<usize, usize> = HashMap::new();
+    let mut readers: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (si, s) in steps.iter().enumerate() {
+        producer.insert(s.instr, si);
+        for &r in &s.reads {
+            let rs = readers.entry(r).or_default();
+            if rs.last() != Some(&si) {
+                rs.push(si);
+            }
+        }
+    }
+    let is_output = |v: usize| p.outputs.iter().any(|(_, o)| o.index() == v);
+    let f32_value = |v: usize| p.instrs[v].ty.dtype == DType::F32;
+    for d in 0..steps.len() {
+        let Kind::Dot(_) = &steps[d].kind else {
+            continue;
+        };
+        let dv = steps[d].instr;
+        if !f32_value(dv) || is_output(dv) || !steps[d].reads.iter().all(|&v| f32_value(v)) {
+            continue;
+        }
+        let rs = readers.get(&dv).map(Vec::as_slice).unwrap_or(&[]);
+        // The mask of each reader that is `dv * mask`, summed and nothing else.
+        let mask_of = |j: usize| -> Option<usize> {
+            let Kind::Fused { f, inputs, .. } = &steps[j].kind else {
+                return None;
+            };
+            let [(Node::Input(a), _), (Node::Input(b), _), (Node::Binary(BinaryOp::Mul, x, y), _)] =
+                f.nodes.as_slice()
+            else {
+                return None;
+            };
+            let (slot, other) = match (inputs[*a] == dv, inputs[*b] == dv) {
+                (true, false) => (*a, *b),
+                (false, true) => (*b, *a),
+                _ => return None,
+            };
+            let (mask, gv) = (inputs[other], steps[j].instr);
+            let reads_both = (*x == 0 && *y == 1) || (*x == 1 && *y == 0);
+            let summed = !is_output(gv)
+                && readers.get(&gv).is_some_and(|us| {
+                    us.iter().all(|&u| {
+                        matches!(steps[u].kind, Kind::Kernel)
+                            && matches!(
+                                p.instrs[steps[u].instr].op,
+                                Op::Reduce {
+                                    op: ir::ReduceOp::Sum,
+                                    ..
+                                }
+                            )
+                    })
+                });
+            (reads_both
+                && slot != other
+                && f32_value(mask)
+                && f32_value(gv)
+                && f.len == p.instrs[dv].ty.num_elements()
+                && p.instrs[mask].ty.num_elements() == f.len
+                && producer.get(&mask).is_some_and(|&q| q < d)
+                && summed)
+                .then_some(mask)
+        };
+        let masks: Option<Vec<usize>> = rs.iter().map(|&j| mask_of(j)).collect();
+        let Some(mut masks) = masks.filter(|m| !m.is_empty()) else {
+            continue;
+        };
+        masks.dedup();
+        let Kind::Dot(plan) = std::mem::replace(&mut steps[d].kind, Kind::Kernel) else {
+            unreachable!("matched above")
+        };
+        steps[d].reads.extend(masks.iter().copied());
+        steps[d].kind = Kind::MaskedDot { plan, masks };
+    }
+}
+
 /// Merge each f32 dot with an f32 elementwise group that reads it into one
 /// [`Kind::DotFused`] step: every batch entry of the product goes through the group right
 /// after its GEMM, while it is in cache, instead of in a second pass over memory (the ReLU
@@ -757,6 +844,7 @@ impl Executable {
             }
         }
         if !reference_kernels {
+            mask_dots(p, &mut steps);
             fuse_dot_epilogues(p, &mut steps);
         }
         // Buffer classes and liveness.
@@ -1227,6 +1315,52 @@ impl Dev<'_> {
                 );
                 if path == DotPath::Dense {
                     detail.insert_str(0, "gemm ");
+                }
+                self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
+            }
+            Kind::MaskedDot { plan, masks } => {
+                let mut out = self.alloc(&ins.ty);
+                let (l, r) = (s.reads[0], s.reads[1]);
+                let computed = match (self.data(l), self.data(r), &mut out) {
+                    (Data::F32(lv), Data::F32(rv), Data::F32(o)) => {
+                        let ms: Option<Vec<&[f32]>> = masks
+                            .iter()
+                            .map(|&v| match self.data(v) {
+                                Data::F32(x) => Some(x.as_slice()),
+                                _ => None,
+                            })
+                            .collect();
+                        ms.and_then(|ms| dot_masked(plan, lv, rv, &ms, o))
+                    }
+                    _ => None,
+                };
+                match computed {
+                    Some(c) => {
+                        flops = 2.0 * (c * plan.k) as f64;
+                        detail = format!(
+                            "Masked B={} M={} N={} K={}: {c} of {} values",
+                            plan.b,
+                            plan.m,
+                            plan.n,
+                            plan.k,
+                            plan.b * plan.m * plan.n
+                        );
+                    }
+                    None => {
+                        let path = dot(
+                            plan,
+                            &exe.program.instrs[l].ty.shape,
+                            self.data(l),
+                            &exe.program.instrs[r].ty.shape,
+                            self.data(r),
+                            &mut out,
+                        );
+                        flops = plan.flops();
+                        detail = format!(
+                            "{path:?} B={} M={} N={} K={} (masks dense)",
+                            plan.b, plan.m, plan.n, plan.k
+                        );
+                    }
                 }
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }

@@ -1170,3 +1170,145 @@ fn multiplying_by_a_splat_one_is_an_alias() {
         .unwrap();
     assert_exact(&p, &r.outputs[0], &runtime::run(&p, &ins).unwrap());
 }
+
+/// A dot used only through `dot * mask` summed (the MoE combine weights' gradient) is
+/// computed where the masks are non-zero: the sums equal the reference's, and the dense
+/// product runs instead whenever skipping could change them: masks not sparse, a
+/// non-finite operand (the NaN from `inf * 0` must reach the sums), or operands large
+/// enough for a skipped value to overflow.
+#[test]
+fn masked_dots_give_the_sums_of_the_dense_product() {
+    let (g, s, e, c, m) = (2, 64, 8, 4, 32);
+    let ty = |d: &[usize]| Type::new(DType::F32, d.to_vec());
+    let b = Builder::new();
+    let x = b.param("x", ty(&[g, s, m]));
+    let y = b.param("y", ty(&[e, g, c, m]));
+    let m1 = b.param("m1", ty(&[g, s, e, c]));
+    let m2 = b.param("m2", ty(&[g, s, e, c]));
+    let d = x.dot_general(
+        &y,
+        DotDims {
+            lhs_batch: vec![0],
+            rhs_batch: vec![1],
+            lhs_contract: vec![2],
+            rhs_contract: vec![3],
+        },
+    );
+    let sum = |v: &ir::Value| {
+        b.emit(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                dims: vec![2, 3],
+            },
+            &[v],
+            None,
+        )
+    };
+    b.output("r1", &sum(&d.mul(&m1)));
+    b.output("r2", &sum(&d.mul(&m2)));
+    let p = b.finish();
+    let mut rng = Rng(5);
+    // One (e, c) per token in each mask (a few tokens dropped: all zeros).
+    let one_hot = |rng: &mut Rng| {
+        let mut v = vec![0.0; g * s * e * c];
+        for t in 0..g * s {
+            if rng.below(8) != 0 {
+                v[t * e * c + rng.below(e * c)] = rng.unit() - 0.5;
+            }
+        }
+        HostTensor::from_f64_values(ty(&[g, s, e, c]), &v)
+    };
+    let base: HashMap<String, HostTensor> = [
+        ("x".to_string(), rng.tensor(&ty(&[g, s, m]), false)),
+        ("y".to_string(), rng.tensor(&ty(&[e, g, c, m]), false)),
+        ("m1".to_string(), one_hot(&mut rng)),
+        ("m2".to_string(), one_hot(&mut rng)),
+    ]
+    .into_iter()
+    .collect();
+    let dense_masks = {
+        let mut ins = base.clone();
+        ins.insert("m1".into(), rng.tensor(&ty(&[g, s, e, c]), false));
+        ins
+    };
+    let with_inf = {
+        let mut ins = base.clone();
+        let mut xv = ins["x"].to_f64_vec();
+        xv[5 * m + 3] = f64::INFINITY;
+        ins.insert("x".into(), HostTensor::from_f64_values(ty(&[g, s, m]), &xv));
+        ins
+    };
+    // A NaN in the row of a token that both masks drop: the dense product's NaN reaches
+    // its sums through `NaN * 0`.
+    let with_nan = {
+        let mut ins = base.clone();
+        let mut xv = ins["x"].to_f64_vec();
+        xv[7 * m + 1] = f64::NAN;
+        ins.insert("x".into(), HostTensor::from_f64_values(ty(&[g, s, m]), &xv));
+        for k in ["m1", "m2"] {
+            let mut mv = ins[k].to_f64_vec();
+            mv[7 * e * c..8 * e * c].fill(0.0);
+            ins.insert(
+                k.into(),
+                HostTensor::from_f64_values(ty(&[g, s, e, c]), &mv),
+            );
+        }
+        ins
+    };
+    let huge = {
+        let mut ins = base.clone();
+        let yv: Vec<f64> = ins["y"].to_f64_vec().iter().map(|v| v * 1e37).collect();
+        ins.insert(
+            "y".into(),
+            HostTensor::from_f64_values(ty(&[e, g, c, m]), &yv),
+        );
+        ins
+    };
+    let exe = Executable::new(&p).unwrap();
+    for (case, ins, masked) in [
+        ("one-hot masks", &base, true),
+        ("dense masks", &dense_masks, false),
+        ("an inf in x", &with_inf, false),
+        ("a NaN in x", &with_nan, false),
+        ("overflow possible", &huge, false),
+    ] {
+        let prof = Profiler::new();
+        let got = exe
+            .run(&InProcess::new(1), std::slice::from_ref(ins), Some(&prof))
+            .unwrap()
+            .outputs
+            .remove(0);
+        let trace = prof.chrome_trace();
+        assert_eq!(trace.contains("Masked"), masked, "{case}: the path taken");
+        let want = runtime::run(&p, ins).unwrap();
+        // The sums of |terms| bound the rounding of a float sum.
+        let abs_ins: HashMap<String, HostTensor> = ins
+            .iter()
+            .map(|(k, t)| {
+                let v: Vec<f64> = t.to_f64_vec().iter().map(|x| x.abs()).collect();
+                (k.clone(), HostTensor::from_f64_values(t.ty.clone(), &v))
+            })
+            .collect();
+        let bound = runtime::run(&p, &abs_ins).unwrap();
+        for r in ["r1", "r2"] {
+            let (gv, wv, bv) = (
+                got[r].to_f64_vec(),
+                want[r].to_f64_vec(),
+                bound[r].to_f64_vec(),
+            );
+            for (i, ((&a, &w), &bd)) in gv.iter().zip(&wv).zip(&bv).enumerate() {
+                let ok = (a.is_nan() && w.is_nan()) || a == w || (a - w).abs() <= 1e-5 * (1.0 + bd);
+                assert!(ok, "{case}: {r}[{i}] = {a}, reference {w}");
+            }
+        }
+        // Token 5 meets the inf in every (e, c), token 7 the NaN: NaN in both sums.
+        let nan_token = match case {
+            "an inf in x" => Some(5),
+            "a NaN in x" => Some(7),
+            _ => None,
+        };
+        if let Some(t) = nan_token {
+            assert!(got["r1"].to_f64_vec()[t].is_nan() && got["r2"].to_f64_vec()[t].is_nan());
+        }
+    }
+}

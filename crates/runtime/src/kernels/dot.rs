@@ -425,15 +425,8 @@ fn mostly_zero<T: GemmFloat>(x: &[T]) -> bool {
     if x.len() < super::PAR_MIN {
         return count(x) <= limit;
     }
-    // 64 evenly spaced runs of 64 elements (a few cache lines each).
-    const RUNS: usize = 64;
-    const RUN: usize = 64;
-    if x.len() >= 16 * RUNS * RUN {
-        let step = x.len() / RUNS;
-        let hits: usize = (0..RUNS).map(|i| count(&x[i * step..i * step + RUN])).sum();
-        if hits > RUNS * RUN / 5 {
-            return false;
-        }
+    if sampled_dense(x) {
+        return false;
     }
     let nonzero = AtomicUsize::new(0);
     let too_many = x.par_chunks(1 << 14).any(|c| {
@@ -441,6 +434,44 @@ fn mostly_zero<T: GemmFloat>(x: &[T]) -> bool {
         nonzero.fetch_add(n, Ordering::Relaxed) + n > limit
     });
     !too_many
+}
+
+/// Whether 64 evenly spaced runs of 64 elements (a few cache lines each) are over a fifth
+/// non-zero (a dense operand, told apart without reading it all); `false` for short `x`.
+fn sampled_dense<T: GemmFloat>(x: &[T]) -> bool {
+    const RUNS: usize = 64;
+    const RUN: usize = 64;
+    if x.len() < 16 * RUNS * RUN {
+        return false;
+    }
+    let step = x.len() / RUNS;
+    let hits: usize = (0..RUNS)
+        .map(|i| {
+            x[i * step..i * step + RUN]
+                .iter()
+                .filter(|&&v| v != T::ZERO)
+                .count()
+        })
+        .sum();
+    hits > RUNS * RUN / 5
+}
+
+/// The largest `|x|`, or `None` when some value is not finite: one pass, vectorised.
+fn max_abs_finite(x: &[f32]) -> Option<f32> {
+    let block = |c: &[f32]| {
+        c.iter().fold((0.0f32, true), |(m, ok), &v| {
+            let a = v.abs();
+            (if a > m { a } else { m }, ok & (a <= f32::MAX))
+        })
+    };
+    let (m, ok) = if x.len() >= super::PAR_MIN {
+        x.par_chunks(1 << 14)
+            .map(block)
+            .reduce(|| (0.0, true), |a, b| (a.0.max(b.0), a.1 & b.1))
+    } else {
+        block(x)
+    };
+    ok.then_some(m)
 }
 
 /// Whether every value is finite: folded over blocks without an early exit per element, so
@@ -1008,6 +1039,130 @@ pub fn dot(
         }
         (l, _, o) => panic!("dot_general of {} into {}", l.dtype(), o.dtype()),
     }
+}
+
+/// An f32 [`dot`] whose result is only ever used multiplied by one of `masks` (each the
+/// result's shape, read elementwise) and then summed: the result is computed only where
+/// some mask is non-zero, and is `+0` elsewhere (SDDMM). Returns `None`, leaving `out`
+/// to be overwritten, unless that is exact and pays: the masks' non-zeros at most a tenth
+/// of their elements (counted by the walk itself, which gives up past that), both
+/// operands finite and `K * max|lhs| * max|rhs|` (twice, for rounding) inside f32, so
+/// every skipped value is finite and its product with a zero mask element is a zero, which
+/// a sum (starting at `+0`) does not see. The values computed equal the dense product to
+/// rounding (eight partial sums in increasing `k`). This is the MoE combine weights'
+/// gradient: a dense `[G, S, M] x [E, G, C, M]` product of which the gating masks keep
+/// one or two `(e, c)` per token. Returns how many values were computed (`None`: not
+/// applicable; `out` then holds arbitrary values, for the dense product to overwrite).
+pub fn dot_masked(
+    p: &DotPlan,
+    l: &[f32],
+    r: &[f32],
+    masks: &[&[f32]],
+    out: &mut [f32],
+) -> Option<usize> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (b, m, n, k) = (p.b, p.m, p.n, p.k);
+    if b * m * n * k == 0
+        || masks.is_empty()
+        || masks
+            .iter()
+            .any(|x| x.len() != out.len() || sampled_dense(x))
+    {
+        return None;
+    }
+    let (Some(ml), Some(mr)) = (max_abs_finite(l), max_abs_finite(r)) else {
+        return None;
+    };
+    if 2.0 * k as f64 * ml as f64 * mr as f64 >= f32::MAX as f64 {
+        return None;
+    }
+    // The masks are read once, by the walk below, which gives up (the caller then runs
+    // the dense product over everything) once more than a tenth of them is non-zero.
+    let budget = masks.len() * out.len() / 10;
+    let seen = AtomicUsize::new(0);
+    let (lv, rv) = (&p.lhs.view, &p.rhs.view);
+    let contiguous = lv.cols_unit && rv.rows_unit;
+    let whole = OutPtr {
+        ptr: out.as_mut_ptr(),
+        len: out.len(),
+    };
+    let entry = |bb: usize| {
+        let optr = whole; // the whole `OutPtr` (Sync), not its raw field
+        let (lb, rb, ob) = (lv.batch_off[bb], rv.batch_off[bb], p.out.batch_off[bb]);
+        assert!(ob + p.out.last(m, n) < optr.len);
+        let mut computed = 0;
+        let rows_contiguous = p.out.cs == 1 && p.out.col_off.is_none();
+        for i in 0..m {
+            if seen.load(Ordering::Relaxed) > budget {
+                return computed;
+            }
+            let before = computed;
+            let o0 = ob + p.out.row(i);
+            let l0 = lb + lv.rows[i];
+            let value = |j: usize| {
+                let r0 = rb + rv.cols[j];
+                if contiguous {
+                    let a = &l[l0 + lv.cols[0]..l0 + lv.cols[0] + k];
+                    let c = &r[r0 + rv.rows[0]..r0 + rv.rows[0] + k];
+                    dot8(a, c)
+                } else {
+                    (0..k).fold(0.0, |acc, kk| {
+                        acc + l[l0 + lv.cols[kk]] * r[r0 + rv.rows[kk]]
+                    })
+                }
+            };
+            // SAFETY (both branches): every write is element `(bb, i, j)` of this entry,
+            // bounded by the assert above; no other task writes it.
+            if rows_contiguous {
+                // The row zeroed, then the masks' non-zeros computed (once per mask that
+                // has one there: the same value).
+                unsafe { std::slice::from_raw_parts_mut(optr.ptr.add(o0), n) }.fill(0.0);
+                for x in masks {
+                    for_nonzero(&x[o0..o0 + n], |j, _| {
+                        computed += 1;
+                        unsafe { *optr.ptr.add(o0 + j) = value(j) }
+                    });
+                }
+            } else {
+                for j in 0..n {
+                    let at = o0 + p.out.col(j);
+                    let v = if masks.iter().all(|x| x[at] == 0.0) {
+                        0.0
+                    } else {
+                        computed += 1;
+                        value(j)
+                    };
+                    unsafe { *optr.ptr.add(at) = v };
+                }
+            }
+            seen.fetch_add(computed - before, Ordering::Relaxed);
+        }
+        computed
+    };
+    let computed = if b >= 2 && b * m * n >= super::PAR_MIN {
+        (0..b).into_par_iter().map(entry).sum()
+    } else {
+        (0..b).map(entry).sum()
+    };
+    (seen.load(Ordering::Relaxed) <= budget).then_some(computed)
+}
+
+/// `sum a[i] * b[i]` over eight lanes of partial sums (vectorised), then the lanes in order.
+fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for q in 0..8 {
+            acc[q] += x[q] * y[q];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// An f32 [`dot`] followed by `epi` on every batch entry of the result (`m x n` values at
