@@ -2,7 +2,9 @@
 //!
 //! `reduce` collapses the operand's dims into alternating runs of kept and reduced dims and
 //! walks the input once in row-major order: a kept innermost run accumulates whole rows into
-//! the output (vectorisable), a reduced innermost run folds each row to one value. For every
+//! the output (vectorisable), a reduced innermost run folds each row to one value (eight
+//! rows at once when they are kept rows with their own outputs: eight add chains that
+//! overlap, each still in its row's order). For every
 //! output element the terms are therefore added in row-major order of the reduced dims, the
 //! reference's order. Float sums accumulate in f64 and round once (bit-identical to the
 //! reference); i32 sums wrap; max/min propagate NaN and order `-0 < +0`. When the outermost
@@ -99,6 +101,27 @@ fn reduce_block<I: Copy, A: Copy>(
     }
     let outer: Vec<usize> = runs[..r - 1].iter().map(|x| x.0).collect();
     let rows: usize = outer.iter().product();
+    if last_red && r == 2 && !runs[0].1 {
+        // Kept rows, each folded to its own output (`acc[row]`): LANES rows at once, one
+        // add chain per row with its terms in order (the same values), the chains
+        // overlapping instead of each add waiting on the previous one.
+        let mut row = 0;
+        while row + LANES <= rows {
+            let xs = &src[row * n..(row + LANES) * n];
+            let mut a: [A; LANES] = std::array::from_fn(|q| acc[row + q]);
+            for t in 0..n {
+                for q in 0..LANES {
+                    a[q] = add(a[q], xs[q * n + t]);
+                }
+            }
+            acc[row..row + LANES].copy_from_slice(&a);
+            row += LANES;
+        }
+        for (a, x) in acc[row..rows].iter_mut().zip(src[row * n..].chunks(n)) {
+            *a = x.iter().fold(*a, |a, &v| add(a, v));
+        }
+        return;
+    }
     let mut idx = vec![0usize; r - 1];
     let mut o = 0usize;
     for row in 0..rows {
@@ -129,6 +152,9 @@ fn reduce_block<I: Copy, A: Copy>(
     }
 }
 
+/// Rows a reduced innermost run folds at once ([`reduce_block`]).
+const LANES: usize = 8;
+
 fn reduce_acc<I: Copy + Sync, A: Copy + Send>(
     src: &[I],
     runs: &[(usize, bool)],
@@ -158,36 +184,37 @@ fn reduce_acc<I: Copy + Sync, A: Copy + Send>(
     }
 }
 
-fn float_add(op: ReduceOp) -> impl Fn(f64, f64) -> f64 + Sync {
-    move |a, x| match op {
-        ReduceOp::Sum => a + x,
-        ReduceOp::Max => fmax(a, x),
-        ReduceOp::Min => fmin(a, x),
-    }
-}
-
 /// `reduce(x, op, dims)` of an operand of `shape` into `out`.
 pub fn reduce(x: &Data, shape: &[usize], op: ReduceOp, dims: &[usize], out: &mut Data) {
     let runs = runs(shape, dims);
     let n_out = out.len();
     let init = op.identity();
-    let f = float_add(op);
+    // One instance per op, so the inner loops carry no per-element dispatch.
+    macro_rules! by_op {
+        ($src:expr, $acc:expr, |$x:ident: $t:ty| $widen:expr) => {
+            match op {
+                ReduceOp::Sum => reduce_acc($src, &runs, $acc, |a: f64, $x: $t| a + $widen),
+                ReduceOp::Max => reduce_acc($src, &runs, $acc, |a: f64, $x: $t| fmax(a, $widen)),
+                ReduceOp::Min => reduce_acc($src, &runs, $acc, |a: f64, $x: $t| fmin(a, $widen)),
+            }
+        };
+    }
     match (x, out) {
         (Data::F32(v), Data::F32(o)) => {
             let mut acc = vec![init; n_out];
-            reduce_acc(v, &runs, &mut acc, |a, x: f32| f(a, x as f64));
+            by_op!(v, &mut acc, |x: f32| x as f64);
             o.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a as f32);
         }
         (Data::BF16(v), Data::BF16(o)) => {
             let mut acc = vec![init; n_out];
-            reduce_acc(v, &runs, &mut acc, |a, x: bf16| f(a, x.to_f64()));
+            by_op!(v, &mut acc, |x: bf16| x.to_f64());
             o.iter_mut()
                 .zip(&acc)
                 .for_each(|(o, &a)| *o = f64_to_bf16(a));
         }
         (Data::F64(v), Data::F64(o)) => {
             o.fill(init);
-            reduce_acc(v, &runs, o, f);
+            by_op!(v, o, |x: f64| x);
         }
         (Data::I32(v), Data::I32(o)) => {
             o.fill(match op {
