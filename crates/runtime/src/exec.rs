@@ -464,11 +464,8 @@ fn identity_op(p: &Program, i: usize, op: &Op) -> bool {
     }
 }
 
-/// Mark the f32 dots whose every use is `dot * mask` (a group of that one multiply, with
-/// `mask` computed before the dot) summed by reductions and nothing else, as
-/// [`Kind::MaskedDot`]: where every mask is zero the product's value cannot matter to a
-/// sum (when finite; checked at run time), so only the masked-in values are computed.
-fn mask_dots(p: &Program, steps: &mut [Step]) {
+/// The step producing each value, and the steps reading it (in order, each once).
+fn producers_and_readers(steps: &[Step]) -> (HashMap<usize, usize>, HashMap<usize, Vec<usize>>) {
     let mut producer: HashMap<usize, usize> = HashMap::new();
     let mut readers: HashMap<usize, Vec<usize>> = HashMap::new();
     for (si, s) in steps.iter().enumerate() {
@@ -480,6 +477,15 @@ fn mask_dots(p: &Program, steps: &mut [Step]) {
             }
         }
     }
+    (producer, readers)
+}
+
+/// Mark the f32 dots whose every use is `dot * mask` (a group of that one multiply, with
+/// `mask` computed before the dot) summed by reductions and nothing else, as
+/// [`Kind::MaskedDot`]: where every mask is zero the product's value cannot matter to a
+/// sum (when finite; checked at run time), so only the masked-in values are computed.
+fn mask_dots(p: &Program, steps: &mut [Step]) {
+    let (producer, readers) = producers_and_readers(steps);
     let is_output = |v: usize| p.outputs.iter().any(|(_, o)| o.index() == v);
     let f32_value = |v: usize| p.instrs[v].ty.dtype == DType::F32;
     for d in 0..steps.len() {
@@ -552,17 +558,7 @@ fn mask_dots(p: &Program, steps: &mut [Step]) {
 /// exists by then (required when the dot's result is also read elsewhere), else the
 /// group's.
 fn fuse_dot_epilogues(p: &Program, steps: &mut Vec<Step>) {
-    let mut producer: HashMap<usize, usize> = HashMap::new();
-    let mut readers: HashMap<usize, Vec<usize>> = HashMap::new();
-    for (si, s) in steps.iter().enumerate() {
-        producer.insert(s.instr, si);
-        for &r in &s.reads {
-            let rs = readers.entry(r).or_default();
-            if rs.last() != Some(&si) {
-                rs.push(si);
-            }
-        }
-    }
+    let (producer, readers) = producers_and_readers(steps);
     let is_output = |v: usize| p.outputs.iter().any(|(_, o)| o.index() == v);
     let f32_value = |v: usize| p.instrs[v].ty.dtype == DType::F32;
     let mut gone = vec![false; steps.len()];

@@ -1231,20 +1231,19 @@ fn masked_dots_give_the_sums_of_the_dense_product() {
         ins.insert("m1".into(), rng.tensor(&ty(&[g, s, e, c]), false));
         ins
     };
-    let with_inf = {
+    // `base` with one element of `x` replaced.
+    let x_with = |at: usize, v: f64| {
         let mut ins = base.clone();
         let mut xv = ins["x"].to_f64_vec();
-        xv[5 * m + 3] = f64::INFINITY;
+        xv[at] = v;
         ins.insert("x".into(), HostTensor::from_f64_values(ty(&[g, s, m]), &xv));
         ins
     };
+    let with_inf = x_with(5 * m + 3, f64::INFINITY);
     // A NaN in the row of a token that both masks drop: the dense product's NaN reaches
     // its sums through `NaN * 0`.
     let with_nan = {
-        let mut ins = base.clone();
-        let mut xv = ins["x"].to_f64_vec();
-        xv[7 * m + 1] = f64::NAN;
-        ins.insert("x".into(), HostTensor::from_f64_values(ty(&[g, s, m]), &xv));
+        let mut ins = x_with(7 * m + 1, f64::NAN);
         for k in ["m1", "m2"] {
             let mut mv = ins[k].to_f64_vec();
             mv[7 * e * c..8 * e * c].fill(0.0);
