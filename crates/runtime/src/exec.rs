@@ -1224,6 +1224,37 @@ impl Dev<'_> {
         d
     }
 
+    /// Run dot `plan` on values `l` and `r` into `out`: its flops and profile detail.
+    fn run_dot(
+        &self,
+        exe: &Executable,
+        plan: &DotPlan,
+        l: usize,
+        r: usize,
+        out: &mut Data,
+    ) -> (f64, String) {
+        let path = dot(
+            plan,
+            &exe.program.instrs[l].ty.shape,
+            self.data(l),
+            &exe.program.instrs[r].ty.shape,
+            self.data(r),
+            out,
+        );
+        let copied = match plan.copies() {
+            (false, false) => "",
+            (true, false) => " (lhs copied)",
+            (false, true) => " (rhs copied)",
+            (true, true) => " (both copied)",
+        };
+        let gemm = if path == DotPath::Dense { "gemm " } else { "" };
+        let detail = format!(
+            "{gemm}{path:?} B={} M={} N={} K={}{copied}",
+            plan.b, plan.m, plan.n, plan.k
+        );
+        (plan.flops(), detail)
+    }
+
     fn step(&mut self, exe: &Executable, si: usize) -> Result<(), ExecError> {
         let s = &exe.steps[si];
         let ins = &exe.program.instrs[s.instr];
@@ -1285,33 +1316,7 @@ impl Dev<'_> {
             }
             Kind::Dot(plan) => {
                 let mut out = self.alloc(&ins.ty);
-                let (l, r) = (s.reads[0], s.reads[1]);
-                let path = dot(
-                    plan,
-                    &exe.program.instrs[l].ty.shape,
-                    self.data(l),
-                    &exe.program.instrs[r].ty.shape,
-                    self.data(r),
-                    &mut out,
-                );
-                flops = plan.flops();
-                detail = format!(
-                    "{:?} B={} M={} N={} K={}{}",
-                    path,
-                    plan.b,
-                    plan.m,
-                    plan.n,
-                    plan.k,
-                    match plan.copies() {
-                        (false, false) => "",
-                        (true, false) => " (lhs copied)",
-                        (false, true) => " (rhs copied)",
-                        (true, true) => " (both copied)",
-                    }
-                );
-                if path == DotPath::Dense {
-                    detail.insert_str(0, "gemm ");
-                }
+                (flops, detail) = self.run_dot(exe, plan, s.reads[0], s.reads[1], &mut out);
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }
             Kind::MaskedDot { plan, masks } => {
@@ -1343,19 +1348,8 @@ impl Dev<'_> {
                         );
                     }
                     None => {
-                        let path = dot(
-                            plan,
-                            &exe.program.instrs[l].ty.shape,
-                            self.data(l),
-                            &exe.program.instrs[r].ty.shape,
-                            self.data(r),
-                            &mut out,
-                        );
-                        flops = plan.flops();
-                        detail = format!(
-                            "{path:?} B={} M={} N={} K={} (masks dense)",
-                            plan.b, plan.m, plan.n, plan.k
-                        );
+                        (flops, detail) = self.run_dot(exe, plan, l, r, &mut out);
+                        detail.push_str(" (masks dense)");
                     }
                 }
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
