@@ -15,6 +15,9 @@
 //!   (`Kind::DotFused`): each batch entry (an expert) goes through the group right after
 //!   its GEMM, while in cache. It takes the dot's place when the group's other inputs exist
 //!   by then, so the peak never grows.
+//! - *Masked dots*: an f32 dot whose every use is a one-multiply group `dot * mask` summed
+//!   by reductions (`Kind::MaskedDot`) is computed only where a mask is non-zero, when a
+//!   run-time check shows that exact ([`dot_masked`]); otherwise as a plain dot.
 //! - *Liveness*: each buffer (a value and its aliases) is released after the last step
 //!   that reads it; outputs are kept.
 //! - *Segments*: maximal runs of non-collective steps. Each collective is a segment alone.
@@ -507,9 +510,9 @@ fn mask_dots(p: &Program, steps: &mut [Step]) {
             else {
                 return None;
             };
-            let (slot, other) = match (inputs[*a] == dv, inputs[*b] == dv) {
-                (true, false) => (*a, *b),
-                (false, true) => (*b, *a),
+            let other = match (inputs[*a] == dv, inputs[*b] == dv) {
+                (true, false) => *b,
+                (false, true) => *a,
                 _ => return None,
             };
             let (mask, gv) = (inputs[other], steps[j].instr);
@@ -528,7 +531,6 @@ fn mask_dots(p: &Program, steps: &mut [Step]) {
                     })
                 });
             (reads_both
-                && slot != other
                 && f32_value(mask)
                 && f32_value(gv)
                 && f.len == p.instrs[dv].ty.num_elements()
@@ -541,6 +543,7 @@ fn mask_dots(p: &Program, steps: &mut [Step]) {
         let Some(mut masks) = masks.filter(|m| !m.is_empty()) else {
             continue;
         };
+        masks.sort_unstable();
         masks.dedup();
         let Kind::Dot(plan) = std::mem::replace(&mut steps[d].kind, Kind::Kernel) else {
             unreachable!("matched above")

@@ -33,6 +33,10 @@
 //! of 16 zeros passed over in one test; a fused output transpose whose row or column dims
 //! do not merge is written through the same kind of table.
 //!
+//! **Masked** ([`dot_masked`]): a product used only multiplied by mostly-zero masks and
+//! summed is computed only where a mask is non-zero (the executor finds such dots; the
+//! function checks at run time that skipping is exact).
+//!
 //! **Epilogues** ([`dot_then`]): the executor may hand each batch entry of an f32 result to
 //! an elementwise group right after its GEMM, while the entry is in cache (the ReLU after an
 //! expert's up-projection, the ReLU mask on its gradient).
@@ -1043,10 +1047,9 @@ pub fn dot(
 
 /// An f32 [`dot`] whose result is only ever used multiplied by one of `masks` (each the
 /// result's shape, read elementwise) and then summed: the result is computed only where
-/// some mask is non-zero, and is `+0` elsewhere (SDDMM). Returns `None`, leaving `out`
-/// to be overwritten, unless that is exact and pays: the masks' non-zeros at most a tenth
-/// of their elements (counted by the walk itself, which gives up past that), both
-/// operands finite and `K * max|lhs| * max|rhs|` (twice, for rounding) inside f32, so
+/// some mask is non-zero, and is `+0` elsewhere (SDDMM), when that is exact and pays: the
+/// masks' non-zeros at most a tenth of their elements (counted by the walk itself, which
+/// gives up past that), both operands finite and `K * max|lhs| * max|rhs|` (twice, for rounding) inside f32, so
 /// every skipped value is finite and its product with a zero mask element is a zero, which
 /// a sum (starting at `+0`) does not see. The values computed equal the dense product to
 /// rounding (eight partial sums in increasing `k`). This is the MoE combine weights'

@@ -167,8 +167,8 @@ fn scratch(dt: DType) -> Sc {
 
 thread_local! {
     /// Scratch lanes of finished evaluations on this thread, for the next one: a group run
-    /// on many small parts (a GEMM epilogue, strip by strip) would otherwise allocate and
-    /// zero a lane per node per part.
+    /// on many small parts (a GEMM epilogue per expert, a small group per step) would
+    /// otherwise allocate and zero a lane per node per part.
     static SPARE: std::cell::RefCell<Vec<Sc>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
