@@ -697,6 +697,8 @@ impl Executable {
         };
         let mut steps: Vec<Step> = Vec::new();
         let mut pending_dot: HashMap<usize, (DotPlan, Vec<usize>, String)> = HashMap::new();
+        // Trivial collectives between a dot and the transpose fused into it: no step.
+        let mut passed: Vec<usize> = Vec::new();
         for i in 0..n {
             let ins = &p.instrs[i];
             let dead = consumers[i].is_empty() && !is_output[i];
@@ -711,7 +713,7 @@ impl Executable {
                 label,
                 cat,
             };
-            if dead && !matches!(ins.op, Op::Parameter { .. }) {
+            if (dead && !matches!(ins.op, Op::Parameter { .. })) || passed.contains(&i) {
                 continue;
             }
             match &ins.op {
@@ -796,14 +798,30 @@ impl Executable {
                         &p.ty(ins.operands[1]).shape,
                         dd,
                     );
-                    // A transpose that is the only user: write the result in its layout.
-                    if let ([c], false) = (consumers[i].as_slice(), is_output[i]) {
-                        if let Op::Transpose { perm } = &p.instrs[*c].op {
-                            plan.fuse_output_transpose(perm);
-                            let label = format!("{label} +transpose %{c}");
-                            pending_dot.insert(*c, (plan, operands, label));
-                            continue;
+                    // A transpose that is the only user (directly, or through collectives
+                    // over groups of one, identities that only it reads: the partitioner
+                    // leaves those on a one-device mesh): write the result in its layout.
+                    let mut v = i;
+                    let mut between = Vec::new();
+                    let mut target = None;
+                    while let ([c], false) = (consumers[v].as_slice(), is_output[v]) {
+                        match &p.instrs[*c].op {
+                            Op::Transpose { perm } => target = Some((*c, perm)),
+                            op if op.is_collective() && trivial_collective(p, op) => {
+                                between.push(*c);
+                                v = *c;
+                                continue;
+                            }
+                            _ => {}
                         }
+                        break;
+                    }
+                    if let Some((c, perm)) = target {
+                        plan.fuse_output_transpose(perm);
+                        let label = format!("{label} +transpose %{c}");
+                        pending_dot.insert(c, (plan, operands, label));
+                        passed.extend(between);
+                        continue;
                     }
                     steps.push(step(Kind::Dot(Box::new(plan)), operands, "dot", label));
                 }

@@ -1354,3 +1354,99 @@ fn row_blocked_reductions_are_exact() {
         }
     }
 }
+
+/// On a one-device mesh the partitioner leaves collectives over groups of one between a dot
+/// and the transpose of its result (the MoE backward's `dot -> reduce_scatter -> transpose`).
+/// They are identities, so the transpose is still written by the dot itself: one step, and
+/// the values of the same program without the collective (the reference's within the dot
+/// tolerance).
+#[test]
+fn a_transpose_fuses_into_its_dot_through_trivial_collectives() {
+    let mesh = Mesh::parse_spec("x=1").unwrap();
+    let axes = vec!["x".to_string()];
+    let (lt, rt) = (
+        Type::new(DType::F32, vec![3, 20, 24]),
+        Type::new(DType::F32, vec![3, 24, 28]),
+    );
+    let dd = DotDims {
+        lhs_batch: vec![0],
+        rhs_batch: vec![0],
+        lhs_contract: vec![2],
+        rhs_contract: vec![1],
+    };
+    let build = |trivial: &[Op]| {
+        let b = Builder::with_mesh(mesh.clone());
+        let (l, r) = (b.param("l", lt.clone()), b.param("r", rt.clone()));
+        let mut d = b.emit(Op::DotGeneral(dd.clone()), &[&l, &r], None);
+        for op in trivial {
+            d = b.emit(op.clone(), &[&d], None);
+        }
+        b.output(
+            "t",
+            &b.emit(
+                Op::Transpose {
+                    perm: vec![2, 0, 1],
+                },
+                &[&d],
+                None,
+            ),
+        );
+        b.finish()
+    };
+    let mut rng = Rng(11);
+    let ins: HashMap<String, HostTensor> = [
+        ("l".to_string(), rng.tensor(&lt, false)),
+        ("r".to_string(), rng.tensor(&rt, false)),
+    ]
+    .into_iter()
+    .collect();
+    let run = |p: &Program| {
+        let prof = Profiler::new();
+        let exe = Executable::new(p).unwrap();
+        let out = exe
+            .run(&InProcess::new(1), std::slice::from_ref(&ins), Some(&prof))
+            .unwrap()
+            .outputs
+            .remove(0);
+        let names: Vec<String> = prof.events().into_iter().map(|e| e.name).collect();
+        (out, names)
+    };
+    let (plain, _) = run(&build(&[]));
+    let chains = [
+        vec![Op::ReduceScatter {
+            op: ReduceOp::Sum,
+            dim: 1,
+            axes: axes.clone(),
+        }],
+        vec![
+            Op::AllReduce {
+                op: ReduceOp::Sum,
+                axes: axes.clone(),
+            },
+            Op::AllGather {
+                dim: 2,
+                axes: axes.clone(),
+            },
+        ],
+    ];
+    for chain in chains {
+        let p = build(&chain);
+        let (got, names) = run(&p);
+        let dots: Vec<&String> = names
+            .iter()
+            .filter(|n| n.starts_with("dot_general"))
+            .collect();
+        assert_eq!(dots.len(), 1, "{names:?}");
+        assert!(dots[0].contains("+transpose"), "{names:?}");
+        assert!(
+            !names.iter().any(|n| n.starts_with("transpose")),
+            "{names:?}"
+        );
+        assert_exact(&p, &got, &plain);
+        let want = runtime::run(&p, &ins).unwrap();
+        let (g, w) = (got["t"].to_f64_vec(), want["t"].to_f64_vec());
+        for (a, b) in g.iter().zip(&w) {
+            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
+        }
+    }
+}
