@@ -9,15 +9,19 @@
 //!   broadcasts feeding a group are inlined as generated leaves (re-evaluated per use rather
 //!   than materialised). Only group roots are written to memory.
 //! - *Aliases*: a `reshape`/`copy`/`stop_gradient` of a materialised value shares its buffer.
-//! - *Dots* are normalised once ([`DotPlan`]); a transpose that is a dot's only user is
-//!   written by the dot. A multiply by a splat one is its other operand.
+//! - *Dots* are normalised once ([`DotPlan`]); a transpose that is a dot's only user
+//!   (directly or through collectives over groups of one) is written by the dot. A multiply
+//!   by a splat one is its other operand.
 //! - *Dot epilogues*: an f32 dot and an f32 group that reads it elementwise become one step
 //!   (`Kind::DotFused`): each batch entry (an expert) goes through the group right after
 //!   its GEMM, while in cache. It takes the dot's place when the group's other inputs exist
 //!   by then, so the peak never grows.
 //! - *Masked dots*: an f32 dot whose every use is a one-multiply group `dot * mask` summed
 //!   by reductions (`Kind::MaskedDot`) is computed only where a mask is non-zero, when a
-//!   run-time check shows that exact ([`dot_masked`]); otherwise as a plain dot.
+//!   run-time check shows that exact ([`dot_masked`]); otherwise as a plain dot. When each
+//!   masked product is read only by one sum over the product's column dims, the step
+//!   computes those sums itself (`Kind::MaskedDotSums`, [`dot_masked_sums`]): no product,
+//!   multiply or reduce pass over memory.
 //! - *Liveness*: each buffer (a value and its aliases) is released after the last step
 //!   that reads it; outputs are kept.
 //! - *Segments*: maximal runs of non-collective steps. Each collective is a segment alone.
@@ -36,7 +40,9 @@
 //! included, aliases counted once); `peak_resident_bytes_per_device` adds the pool.
 
 use crate::comm::{wire_bytes, CommError, Communicator};
-use crate::kernels::dot::{dot, dot_masked, dot_then, DotPath, DotPlan};
+use crate::kernels::dot::{
+    dot, dot_masked, dot_masked_sums, dot_then, masked_row_sums, DotPath, DotPlan,
+};
 use crate::kernels::elementwise::{
     collapse_broadcast, run_fused_inplace, run_fused_part, Fused, Node,
 };
@@ -119,6 +125,15 @@ enum Kind {
     MaskedDot {
         plan: Box<DotPlan>,
         masks: Vec<usize>,
+    },
+    /// A [`Kind::MaskedDot`] (value `dot`, never materialised) whose products with each mask
+    /// are read only by one sum over the product's column dims: computes those sums
+    /// directly, `terms` = (mask, the reduction's value), at most two (this step's value and
+    /// its `also`) — [`dot_masked_sums`], or the dense product and [`masked_row_sums`].
+    MaskedDotSums {
+        plan: Box<DotPlan>,
+        dot: usize,
+        terms: Vec<(usize, usize)>,
     },
     /// An f32 dot (value `dot`) whose batch entries go, each right after its GEMM, through
     /// the f32 fused group `f` that reads it as input `slot`: the group's result is this
@@ -553,6 +568,92 @@ fn mask_dots(p: &Program, steps: &mut [Step]) {
     }
 }
 
+/// Turn each [`Kind::MaskedDot`] whose every `dot * mask` is read only by one sum over the
+/// product's column dims (the trailing dims, untransposed: `[G, S, E, C]` summed over
+/// `E, C` in the MoE combine weights' gradient) into [`Kind::MaskedDotSums`], dropping the
+/// multiply groups and the reductions: the sums come straight from the masked-in values,
+/// without writing the product, the multiplied values or reading them back.
+fn sum_masked_dots(p: &Program, steps: &mut Vec<Step>) {
+    let (_, readers) = producers_and_readers(steps);
+    let none: &[usize] = &[];
+    let mut dropped = vec![false; steps.len()];
+    for d in 0..steps.len() {
+        let Kind::MaskedDot { plan, .. } = &steps[d].kind else {
+            continue;
+        };
+        let dv = steps[d].instr;
+        let shape = &p.instrs[dv].ty.shape;
+        let (bm, n) = (plan.b * plan.m, plan.n);
+        // The (mask, reduction step, group step) of each reader of the dot.
+        let term = |j: usize| -> Option<(usize, usize, usize)> {
+            let Kind::Fused { inputs, .. } = &steps[j].kind else {
+                return None;
+            };
+            let mask = inputs.iter().copied().find(|&v| v != dv)?;
+            let gv = steps[j].instr;
+            let [u] = readers.get(&gv).map(Vec::as_slice).unwrap_or(none) else {
+                return None;
+            };
+            let Op::Reduce {
+                op: ir::ReduceOp::Sum,
+                dims,
+            } = &p.instrs[steps[*u].instr].op
+            else {
+                return None;
+            };
+            let r0 = shape.len().checked_sub(dims.len())?;
+            let suffix = dims.iter().enumerate().all(|(q, &dd)| dd == r0 + q);
+            let cols: usize = shape[r0..].iter().product();
+            let rows: usize = shape[..r0].iter().product();
+            (matches!(steps[*u].kind, Kind::Kernel) && suffix && cols == n && rows == bm)
+                .then_some((mask, *u, j))
+        };
+        let terms: Option<Vec<(usize, usize, usize)>> = readers
+            .get(&dv)
+            .map(Vec::as_slice)
+            .unwrap_or(none)
+            .iter()
+            .map(|&j| term(j))
+            .collect();
+        let Some(terms) = terms.filter(|t| (1..=2).contains(&t.len())) else {
+            continue;
+        };
+        if plan.writes_transposed() {
+            continue;
+        }
+        let Kind::MaskedDot { plan, .. } = std::mem::replace(&mut steps[d].kind, Kind::Kernel)
+        else {
+            unreachable!("matched above")
+        };
+        let outs: Vec<usize> = terms.iter().map(|&(_, u, _)| steps[u].instr).collect();
+        for &(_, u, j) in &terms {
+            dropped[u] = true;
+            dropped[j] = true;
+        }
+        let s = &mut steps[d];
+        s.reads.truncate(2);
+        s.reads.extend(terms.iter().map(|&(mask, _, _)| mask));
+        s.instr = outs[0];
+        s.also = outs.get(1).copied();
+        let sums: Vec<String> = outs.iter().map(|u| format!("%{u}")).collect();
+        s.label = format!("{} +sums {}", s.label, sums.join(","));
+        s.kind = Kind::MaskedDotSums {
+            plan,
+            dot: dv,
+            terms: terms
+                .iter()
+                .zip(&outs)
+                .map(|(&(mask, _, _), &u)| (mask, u))
+                .collect(),
+        };
+    }
+    let mut k = 0;
+    steps.retain(|_| {
+        k += 1;
+        !dropped[k - 1]
+    });
+}
+
 /// Merge each f32 dot with an f32 elementwise group that reads it into one
 /// [`Kind::DotFused`] step: every batch entry of the product goes through the group right
 /// after its GEMM, while it is in cache, instead of in a second pass over memory (the ReLU
@@ -862,6 +963,7 @@ impl Executable {
         }
         if !reference_kernels {
             mask_dots(p, &mut steps);
+            sum_masked_dots(p, &mut steps);
             fuse_dot_epilogues(p, &mut steps);
         }
         // Buffer classes and liveness.
@@ -1245,6 +1347,14 @@ impl Dev<'_> {
         d
     }
 
+    /// Return a buffer from [`Dev::alloc`] that no value holds (a step's scratch).
+    fn free_temp(&mut self, d: Data) {
+        self.live -= bytes(&d);
+        self.pool.cap = self.pool.cap.max(self.peak);
+        let cap = self.pool.cap;
+        self.pool.give(d, cap);
+    }
+
     /// Run dot `plan` on values `l` and `r` into `out`: its flops and profile detail.
     fn run_dot(
         &self,
@@ -1374,6 +1484,64 @@ impl Dev<'_> {
                     }
                 }
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
+            }
+            Kind::MaskedDotSums { plan, dot, terms } => {
+                let (l, r) = (s.reads[0], s.reads[1]);
+                let mut outs: Vec<Data> = terms
+                    .iter()
+                    .map(|&(_, u)| self.alloc(&exe.program.instrs[u].ty))
+                    .collect();
+                fn f32s(d: &Data) -> Option<&[f32]> {
+                    match d {
+                        Data::F32(x) => Some(x.as_slice()),
+                        _ => None,
+                    }
+                }
+                let masks: Option<Vec<&[f32]>> =
+                    terms.iter().map(|&(v, _)| f32s(self.data(v))).collect();
+                let (lv, rv) = (f32s(self.data(l)), f32s(self.data(r)));
+                let (Some(masks), Some(lv), Some(rv)) = (masks, lv, rv) else {
+                    unreachable!("masked dots are f32")
+                };
+                let mut sums: Vec<&mut [f32]> = outs
+                    .iter_mut()
+                    .map(|d| match d {
+                        Data::F32(x) => x.as_mut_slice(),
+                        _ => unreachable!("masked dot sums are f32"),
+                    })
+                    .collect();
+                match dot_masked_sums(plan, lv, rv, &masks, &mut sums) {
+                    Some(c) => {
+                        flops = 2.0 * (c * plan.k) as f64;
+                        detail = format!(
+                            "Masked B={} M={} N={} K={}: {c} of {} values, summed",
+                            plan.b,
+                            plan.m,
+                            plan.n,
+                            plan.k,
+                            plan.b * plan.m * plan.n
+                        );
+                    }
+                    None => {
+                        drop(sums);
+                        let mut prod = self.alloc(&exe.program.instrs[*dot].ty);
+                        (flops, detail) = self.run_dot(exe, plan, l, r, &mut prod);
+                        detail.push_str(" (masks dense), summed");
+                        let Data::F32(pv) = &prod else {
+                            unreachable!("masked dots are f32")
+                        };
+                        for (o, &(v, _)) in outs.iter_mut().zip(terms) {
+                            let (Data::F32(o), Some(mask)) = (o, f32s(self.data(v))) else {
+                                unreachable!("masked dot sums are f32")
+                            };
+                            masked_row_sums(plan.n, pv, mask, o);
+                        }
+                        self.free_temp(prod);
+                    }
+                }
+                for (o, &(_, u)) in outs.into_iter().zip(terms) {
+                    self.vals[u] = Some(Buf::Own(Arc::new(o)));
+                }
             }
             Kind::DotFused {
                 plan,

@@ -1207,6 +1207,13 @@ fn masked_dots_give_the_sums_of_the_dense_product() {
     b.output("r1", &sum(&d.mul(&m1)));
     b.output("r2", &sum(&d.mul(&m2)));
     let p = b.finish();
+    // The same sums with the product also an output: a plain dense dot, multiply and
+    // reduce, which the masked sums' dense fallback must equal bit for bit.
+    let apart = {
+        let mut q = p.clone();
+        q.outputs.push(("d".to_string(), d.id));
+        q
+    };
     let mut rng = Rng(5);
     // One (e, c) per token in each mask (a few tokens dropped: all zeros).
     let one_hot = |rng: &mut Rng| {
@@ -1279,6 +1286,25 @@ fn masked_dots_give_the_sums_of_the_dense_product() {
             .remove(0);
         let trace = prof.chrome_trace();
         assert_eq!(trace.contains("Masked"), masked, "{case}: the path taken");
+        assert!(
+            trace.contains("+sums"),
+            "{case}: the sums come from the dot step"
+        );
+        if !masked {
+            let plain = Executable::new(&apart)
+                .unwrap()
+                .run(&InProcess::new(1), std::slice::from_ref(ins), None)
+                .unwrap()
+                .outputs
+                .remove(0);
+            for r in ["r1", "r2"] {
+                let (a, b) = (got[r].to_f64_vec(), plain[r].to_f64_vec());
+                assert!(
+                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{case}: {r} differs from the dense dot, multiply and sum"
+                );
+            }
+        }
         let want = runtime::run(&p, ins).unwrap();
         // The sums of |terms| bound the rounding of a float sum.
         let abs_ins: HashMap<String, HostTensor> = ins

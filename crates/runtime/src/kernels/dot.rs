@@ -1063,57 +1063,22 @@ pub fn dot_masked(
     masks: &[&[f32]],
     out: &mut [f32],
 ) -> Option<usize> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let (b, m, n, k) = (p.b, p.m, p.n, p.k);
-    if b * m * n * k == 0
-        || masks.is_empty()
-        || masks
-            .iter()
-            .any(|x| x.len() != out.len() || sampled_dense(x))
-    {
+    if !masked_applies(p, l, r, masks, out.len()) {
         return None;
     }
-    let (Some(ml), Some(mr)) = (max_abs_finite(l), max_abs_finite(r)) else {
-        return None;
-    };
-    if 2.0 * k as f64 * ml as f64 * mr as f64 >= f32::MAX as f64 {
-        return None;
-    }
-    // The masks are read once, by the walk below, which gives up (the caller then runs
-    // the dense product over everything) once more than a tenth of them is non-zero.
-    let budget = masks.len() * out.len() / 10;
-    let seen = AtomicUsize::new(0);
-    let (lv, rv) = (&p.lhs.view, &p.rhs.view);
-    let contiguous = lv.cols_unit && rv.rows_unit;
+    let (m, n) = (p.m, p.n);
     let whole = OutPtr {
         ptr: out.as_mut_ptr(),
         len: out.len(),
     };
-    let entry = |bb: usize| {
+    let rows_contiguous = p.out.cs == 1 && p.out.col_off.is_none();
+    masked_walk(p, l, r, masks, |bb, value, tick| {
         let optr = whole; // the whole `OutPtr` (Sync), not its raw field
-        let (lb, rb, ob) = (lv.batch_off[bb], rv.batch_off[bb], p.out.batch_off[bb]);
+        let ob = p.out.batch_off[bb];
         assert!(ob + p.out.last(m, n) < optr.len);
         let mut computed = 0;
-        let rows_contiguous = p.out.cs == 1 && p.out.col_off.is_none();
         for i in 0..m {
-            if seen.load(Ordering::Relaxed) > budget {
-                return computed;
-            }
-            let before = computed;
             let o0 = ob + p.out.row(i);
-            let l0 = lb + lv.rows[i];
-            let value = |j: usize| {
-                let r0 = rb + rv.cols[j];
-                if contiguous {
-                    let a = &l[l0 + lv.cols[0]..l0 + lv.cols[0] + k];
-                    let c = &r[r0 + rv.rows[0]..r0 + rv.rows[0] + k];
-                    dot8(a, c)
-                } else {
-                    (0..k).fold(0.0, |acc, kk| {
-                        acc + l[l0 + lv.cols[kk]] * r[r0 + rv.rows[kk]]
-                    })
-                }
-            };
             // SAFETY (both branches): every write is element `(bb, i, j)` of this entry,
             // bounded by the assert above; no other task writes it.
             if rows_contiguous {
@@ -1123,7 +1088,7 @@ pub fn dot_masked(
                 for x in masks {
                     for_nonzero(&x[o0..o0 + n], |j, _| {
                         computed += 1;
-                        unsafe { *optr.ptr.add(o0 + j) = value(j) }
+                        unsafe { *optr.ptr.add(o0 + j) = value(i, j) }
                     });
                 }
             } else {
@@ -1133,21 +1098,147 @@ pub fn dot_masked(
                         0.0
                     } else {
                         computed += 1;
-                        value(j)
+                        value(i, j)
                     };
                     unsafe { *optr.ptr.add(at) = v };
                 }
             }
-            seen.fetch_add(computed - before, Ordering::Relaxed);
+            if !tick(std::mem::take(&mut computed)) {
+                return;
+            }
         }
-        computed
+    })
+}
+
+/// [`dot_masked`] for a product that is only summed over its columns after each
+/// multiply: `sums[t][bb*m + i]` = the f64 sum over `j` (increasing) of the f32 products
+/// `value(bb, i, j) * masks[t][bb, i, j]`, rounded once to f32 — the reduction of
+/// `dot * masks[t]` over the result's column dims, exactly as the separate multiply and
+/// reduce compute it, without writing the product or the multiplied values. The masks'
+/// zeros are left out: their terms are zeros (the values are finite, by the same run-time
+/// check as [`dot_masked`]), which an f64 sum starting at `+0` does not see. The plan must
+/// write the untransposed result. Returns how many values were computed, or `None`
+/// (not applicable; the caller computes the dense product and [`masked_row_sums`]).
+pub fn dot_masked_sums(
+    p: &DotPlan,
+    l: &[f32],
+    r: &[f32],
+    masks: &[&[f32]],
+    sums: &mut [&mut [f32]],
+) -> Option<usize> {
+    let (b, m, n) = (p.b, p.m, p.n);
+    assert!(!p.transposed, "row sums need the untransposed result");
+    assert_eq!(masks.len(), sums.len());
+    if !masked_applies(p, l, r, masks, b * m * n) || sums.iter().any(|s| s.len() != b * m) {
+        return None;
+    }
+    // Each batch entry's sums (`masks.len()` runs of `m`), placed after the walk.
+    let parts: std::sync::Mutex<Vec<(usize, Vec<f32>)>> = Default::default();
+    let computed = masked_walk(p, l, r, masks, |bb, value, tick| {
+        let mut part = vec![0.0f32; masks.len() * m];
+        for i in 0..m {
+            let o0 = bb * m * n + i * n;
+            let mut computed = 0;
+            for (t, x) in masks.iter().enumerate() {
+                let mut acc = 0.0f64;
+                for_nonzero(&x[o0..o0 + n], |j, w| {
+                    computed += 1;
+                    acc += (value(i, j) * w) as f64;
+                });
+                part[t * m + i] = acc as f32;
+            }
+            if !tick(computed) {
+                return;
+            }
+        }
+        parts.lock().expect("no panics while held").push((bb, part));
+    })?;
+    for (bb, part) in parts.into_inner().expect("no panics while held") {
+        for (t, s) in sums.iter_mut().enumerate() {
+            s[bb * m..(bb + 1) * m].copy_from_slice(&part[t * m..(t + 1) * m]);
+        }
+    }
+    Some(computed)
+}
+
+/// The sums of [`dot_masked_sums`] from a computed dense product `prod` (the untransposed
+/// result): every term, in order, as the separate multiply and reduce compute them.
+pub fn masked_row_sums(n: usize, prod: &[f32], mask: &[f32], sums: &mut [f32]) {
+    assert_eq!(prod.len(), mask.len());
+    assert_eq!(prod.len(), sums.len() * n);
+    if n == 0 {
+        sums.fill(0.0);
+        return;
+    }
+    sums.par_iter_mut()
+        .zip(prod.par_chunks(n).zip(mask.par_chunks(n)))
+        .for_each(|(s, (x, w))| {
+            *s = x
+                .iter()
+                .zip(w)
+                .fold(0.0f64, |acc, (&x, &w)| acc + (x * w) as f64) as f32;
+        });
+}
+
+/// Whether the masked product applies (see [`dot_masked`]): a non-empty product, masks of
+/// the result's `len` that are not dense by sampling, finite operands and no overflow
+/// possible in any value (so every skipped value is finite).
+fn masked_applies(p: &DotPlan, l: &[f32], r: &[f32], masks: &[&[f32]], len: usize) -> bool {
+    let (b, m, n, k) = (p.b, p.m, p.n, p.k);
+    if b * m * n * k == 0
+        || masks.is_empty()
+        || masks.iter().any(|x| x.len() != len || sampled_dense(x))
+    {
+        return false;
+    }
+    let (Some(ml), Some(mr)) = (max_abs_finite(l), max_abs_finite(r)) else {
+        return false;
     };
-    let computed = if b >= 2 && b * m * n >= super::PAR_MIN {
-        (0..b).into_par_iter().map(entry).sum()
+    (2.0 * k as f64 * ml as f64 * mr as f64) < f32::MAX as f64
+}
+
+/// Run `entry(bb, value, tick)` for every batch entry (in parallel when large):
+/// `value(i, j)` computes element `(bb, i, j)` of the product (eight partial sums in
+/// increasing `k`), `tick(c)` counts `c` computed values and says whether to go on. The
+/// walk gives up (`None`) once the count passes a tenth of the masks' elements, so a
+/// dense mask costs at most about a tenth of its product; else it returns the count.
+fn masked_walk<F>(p: &DotPlan, l: &[f32], r: &[f32], masks: &[&[f32]], entry: F) -> Option<usize>
+where
+    F: Fn(usize, &dyn Fn(usize, usize) -> f32, &dyn Fn(usize) -> bool) + Sync,
+{
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (b, m, n, k) = (p.b, p.m, p.n, p.k);
+    let budget = masks.len() * b * m * n / 10;
+    let seen = AtomicUsize::new(0);
+    let tick = |c: usize| seen.fetch_add(c, Ordering::Relaxed) + c <= budget;
+    let (lv, rv) = (&p.lhs.view, &p.rhs.view);
+    let contiguous = lv.cols_unit && rv.rows_unit;
+    let one = |bb: usize| {
+        if seen.load(Ordering::Relaxed) > budget {
+            return;
+        }
+        let (lb, rb) = (lv.batch_off[bb], rv.batch_off[bb]);
+        let value = |i: usize, j: usize| {
+            let (l0, r0) = (lb + lv.rows[i], rb + rv.cols[j]);
+            if contiguous {
+                let a = &l[l0 + lv.cols[0]..l0 + lv.cols[0] + k];
+                let c = &r[r0 + rv.rows[0]..r0 + rv.rows[0] + k];
+                dot8(a, c)
+            } else {
+                (0..k).fold(0.0, |acc, kk| {
+                    acc + l[l0 + lv.cols[kk]] * r[r0 + rv.rows[kk]]
+                })
+            }
+        };
+        entry(bb, &value, &tick);
+    };
+    if b >= 2 && b * m * n >= super::PAR_MIN {
+        (0..b).into_par_iter().for_each(one);
     } else {
-        (0..b).map(entry).sum()
-    };
-    (seen.load(Ordering::Relaxed) <= budget).then_some(computed)
+        (0..b).for_each(one);
+    }
+    let seen = seen.into_inner();
+    (seen <= budget).then_some(seen)
 }
 
 /// `sum a[i] * b[i]` over eight lanes of partial sums (vectorised), then the lanes in order.
