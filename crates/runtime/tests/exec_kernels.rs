@@ -1050,10 +1050,15 @@ fn dot_epilogues_match_the_ops_run_apart() {
         .mul(3.0)
         .add(&c)
         .add(&bias_b);
+    // A kept dot whose epilogue reads it as the second operand of a non-commutative op.
+    let pre2 = c.dot_general(&w, batched(2));
+    let rsub = u.sub(&pre2);
     b.output("pre", &pre);
     b.output("act", &act);
     b.output("mask", &mask);
     b.output("y", &y);
+    b.output("pre2", &pre2);
+    b.output("rsub", &rsub);
     let p = b.finish();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
@@ -1082,8 +1087,8 @@ fn dot_epilogues_match_the_ops_run_apart() {
         let trace = prof.chrome_trace();
         assert_eq!(
             trace.matches("+fused").count(),
-            2,
-            "both dots take an epilogue"
+            3,
+            "every dot takes an epilogue"
         );
         assert_eq!(trace.contains("SparseLhs"), sparse, "the path taken");
         // The epilogues against the same ops applied to the executor's own dot results.
@@ -1095,6 +1100,11 @@ fn dot_epilogues_match_the_ops_run_apart() {
             assert!(same(act[i], a as f64), "act[{i}]");
             let mk = if pre[i] == act[i] { uu[i] as f32 } else { 0.0 };
             assert!(same(mask[i], mk as f64), "mask[{i}]");
+        }
+        let (pre2, rsub) = (f("pre2"), f("rsub"));
+        for i in 0..pre2.len() {
+            let r = uu[i] as f32 - pre2[i] as f32;
+            assert!(same(rsub[i], r as f64), "rsub[{i}]");
         }
         // The down-projection's result is not materialised: against the reference, within
         // the contraction tolerance (its bound by the reference on |act| |v|, times 3).

@@ -11,7 +11,10 @@
 //! their own lane (all but bf16) are read in place, and a computed root is written straight
 //! into the output, so a chunk costs no copies; on CPUs with AVX2 the whole evaluation is
 //! compiled a second time for AVX2 (eight lanes per instruction, the same operations in the
-//! same order: identical values) and chosen at run time.
+//! same order: identical values) and chosen at run time. Splat constants that are operands of
+//! f32 binaries, compares and selects are read as registers (no lane loads), and an f32
+//! binary root whose other operand is the in-place input (a GEMM epilogue's `dot * x`,
+//! `max(dot, 0)`) computes straight from the output chunk, without copying it to scratch.
 //!
 //! Scratch types: f32 and bf16 values live in `f32` lanes (bf16 values are exact in f32),
 //! f64 in `f64`, i32 in `i32`, bool in `bool`. Rounding follows the reference exactly:
@@ -301,19 +304,102 @@ fn unary_f32(u: UnaryOp, x: &[f32], o: &mut [f32]) {
     }
 }
 
+/// An f32 operand of a chunk loop: a lane (sliced to the chunk), or a splat constant
+/// held in a register (no lane to load from).
+trait Src: Copy {
+    fn at(self, i: usize) -> f32;
+}
+
+impl Src for &[f32] {
+    #[inline(always)]
+    fn at(self, i: usize) -> f32 {
+        self[i]
+    }
+}
+
+/// A splat constant as an operand.
+#[derive(Clone, Copy)]
+struct Splat32(f32);
+
+impl Src for Splat32 {
+    #[inline(always)]
+    fn at(self, _: usize) -> f32 {
+        self.0
+    }
+}
+
+/// The value of node `j` when it is an f32 splat (its lane holds that value everywhere).
+fn splat_of(f: &Fused, j: usize) -> Option<Splat32> {
+    match f.nodes[j] {
+        (Node::Splat(x), DType::F32) => Some(Splat32(x as f32)),
+        _ => None,
+    }
+}
+
+/// Run `$body` with `$v` bound to node `$j`'s operand: its splat value when it is one, else
+/// its lane `$lane` sliced to `$n` (each choice a separate instantiation of the body).
+macro_rules! with_src {
+    ($f:expr, $j:expr, $lane:expr, $n:expr, |$v:ident| $body:expr) => {
+        match splat_of($f, $j) {
+            Some($v) => $body,
+            None => {
+                let $v: &[f32] = &$lane[..$n];
+                $body
+            }
+        }
+    };
+}
+
 #[inline(always)]
-fn binary_f32(b: BinaryOp, x: &[f32], y: &[f32], o: &mut [f32]) {
-    let it = o.iter_mut().zip(x.iter().zip(y));
+fn binary_f32(b: BinaryOp, x: impl Src, y: impl Src, o: &mut [f32]) {
+    macro_rules! go {
+        (|$x:ident, $y:ident| $e:expr) => {
+            for (i, o) in o.iter_mut().enumerate() {
+                let ($x, $y) = (x.at(i), y.at(i));
+                *o = $e;
+            }
+        };
+    }
     match b {
-        BinaryOp::Add => it.for_each(|(o, (&x, &y))| *o = x + y),
-        BinaryOp::Sub => it.for_each(|(o, (&x, &y))| *o = x - y),
-        BinaryOp::Mul => it.for_each(|(o, (&x, &y))| *o = x * y),
-        BinaryOp::Div => it.for_each(|(o, (&x, &y))| *o = x / y),
-        BinaryOp::Rem => it.for_each(|(o, (&x, &y))| *o = x % y),
-        BinaryOp::Max => it.for_each(|(o, (&x, &y))| *o = fmax32(x, y)),
-        BinaryOp::Min => it.for_each(|(o, (&x, &y))| *o = fmin32(x, y)),
+        BinaryOp::Add => go!(|x, y| x + y),
+        BinaryOp::Sub => go!(|x, y| x - y),
+        BinaryOp::Mul => go!(|x, y| x * y),
+        BinaryOp::Div => go!(|x, y| x / y),
+        BinaryOp::Rem => go!(|x, y| x % y),
+        BinaryOp::Max => go!(|x, y| fmax32(x, y)),
+        BinaryOp::Min => go!(|x, y| fmin32(x, y)),
         BinaryOp::Pow | BinaryOp::And | BinaryOp::Or => {
-            it.for_each(|(o, (&x, &y))| *o = binary_f64(b, x as f64, y as f64) as f32)
+            go!(|x, y| binary_f64(b, x as f64, y as f64) as f32)
+        }
+    }
+}
+
+/// `o[i] = o[i] b y[i]` (`SLOT_FIRST`) or `y[i] b o[i]`: [`binary_f32`] over values that
+/// are already in the output.
+#[inline(always)]
+fn binary_f32_inplace<const SLOT_FIRST: bool>(b: BinaryOp, o: &mut [f32], y: impl Src) {
+    macro_rules! go {
+        (|$x:ident, $y:ident| $e:expr) => {
+            for (i, o) in o.iter_mut().enumerate() {
+                let ($x, $y) = if SLOT_FIRST {
+                    (*o, y.at(i))
+                } else {
+                    (y.at(i), *o)
+                };
+                *o = $e;
+            }
+        };
+    }
+    match b {
+        BinaryOp::Add => go!(|x, y| x + y),
+        BinaryOp::Sub => go!(|x, y| x - y),
+        BinaryOp::Mul => go!(|x, y| x * y),
+        BinaryOp::Div => go!(|x, y| x / y),
+        BinaryOp::Rem => go!(|x, y| x % y),
+        BinaryOp::Max => go!(|x, y| fmax32(x, y)),
+        BinaryOp::Min => go!(|x, y| fmin32(x, y)),
+        BinaryOp::Pow | BinaryOp::And | BinaryOp::Or => {
+            go!(|x, y| binary_f64(b, x as f64, y as f64) as f32)
         }
     }
 }
@@ -739,6 +825,12 @@ enum Plan {
     /// A compare of f32 lanes whose only user is an f32 select or convert, which evaluates
     /// it in the same loop (no bool lane in between).
     Folded,
+    /// The in-place input (f32) whose only user is the root: never copied into scratch.
+    Slot,
+    /// An f32 binary root with the `Slot` as one operand: evaluated straight from the
+    /// output chunk that holds the slot's values (or from the values given for it) into
+    /// the output chunk.
+    SlotRoot,
 }
 
 /// The plan of each node: inputs read in place, compares folded into their user.
@@ -785,13 +877,13 @@ fn plan(f: &Fused, inputs: &[&Data], inplace: Option<usize>) -> Vec<Plan> {
 
 /// `o[i] = (x[i] c y[i]) as f32` (the compare, then its convert), branch-free.
 #[inline(always)]
-fn compare_f32(c: CompareOp, x: &[f32], y: &[f32], o: &mut [f32]) {
+fn compare_f32(c: CompareOp, x: &[f32], y: impl Src, o: &mut [f32]) {
     let n = o.len();
-    let (x, y) = (&x[..n], &y[..n]);
+    let x = &x[..n];
     macro_rules! go {
         ($op:tt) => {
             for i in 0..n {
-                o[i] = sel32(x[i] $op y[i], 1.0, 0.0);
+                o[i] = sel32(x[i] $op y.at(i), 1.0, 0.0);
             }
         };
     }
@@ -807,13 +899,13 @@ fn compare_f32(c: CompareOp, x: &[f32], y: &[f32], o: &mut [f32]) {
 
 /// `o[i] = if x[i] c y[i] { t[i] } else { e[i] }`, branch-free.
 #[inline(always)]
-fn select_cmp(c: CompareOp, x: &[f32], y: &[f32], t: &[f32], e: &[f32], o: &mut [f32]) {
+fn select_cmp(c: CompareOp, x: &[f32], y: impl Src, t: impl Src, e: impl Src, o: &mut [f32]) {
     let n = o.len();
-    let (x, y, t, e) = (&x[..n], &y[..n], &t[..n], &e[..n]);
+    let x = &x[..n];
     macro_rules! go {
         ($op:tt) => {
             for i in 0..n {
-                o[i] = sel32(x[i] $op y[i], t[i], e[i]);
+                o[i] = sel32(x[i] $op y.at(i), t.at(i), e.at(i));
             }
         };
     }
@@ -841,9 +933,36 @@ fn eval_chunk(
     plan: &[Plan],
     inplace: Option<usize>,
     mut root: Option<LaneMut<'_>>,
+    slot_vals: Option<&[f32]>,
 ) {
     let last = f.nodes.len() - 1;
     for (j, (node, dt)) in f.nodes.iter().enumerate() {
+        if plan[j] == Plan::SlotRoot {
+            let (Node::Binary(b, x, y), Some(LaneMut::F(o))) = (node, root.take()) else {
+                unreachable!("a slot root is an f32 binary written into the output")
+            };
+            let slot_first = plan[*x] == Plan::Slot;
+            let other = if slot_first { *y } else { *x };
+            let lane = match plan[other] {
+                Plan::Direct => {
+                    let Node::Input(k) = f.nodes[other].0 else {
+                        unreachable!("only inputs are read in place")
+                    };
+                    in_place(inputs[k], start, n).expect("a direct input has its own lane")
+                }
+                _ => sc[other].lane(n),
+            };
+            let Lane::F(v) = lane else {
+                unreachable!("a slot root reads f32 lanes")
+            };
+            with_src!(f, other, v, n, |v| match (slot_vals, slot_first) {
+                (Some(x), true) => binary_f32(*b, &x[..n], v, o),
+                (Some(x), false) => binary_f32(*b, v, &x[..n], o),
+                (None, true) => binary_f32_inplace::<true>(*b, o, v),
+                (None, false) => binary_f32_inplace::<false>(*b, o, v),
+            });
+            continue;
+        }
         if plan[j] != Plan::Eval {
             continue;
         }
@@ -920,7 +1039,14 @@ fn eval_node<'a>(
                     *o = bf(binary_f64(*b, x as f64, y as f64));
                 }
             }
-            (Lane::F(x), Lane::F(y), LaneMut::F(o)) => binary_f32(*b, x, y, o),
+            (Lane::F(x), Lane::F(y), LaneMut::F(o)) => {
+                let n = o.len();
+                match (splat_of(f, *a), splat_of(f, *c)) {
+                    (None, Some(y)) => binary_f32(*b, &x[..n], y, o),
+                    (Some(x), None) => binary_f32(*b, x, &y[..n], o),
+                    _ => binary_f32(*b, &x[..n], &y[..n], o),
+                }
+            }
             (Lane::D(x), Lane::D(y), LaneMut::D(o)) => {
                 for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
                     *o = binary_f64(*b, x, y);
@@ -959,25 +1085,34 @@ fn eval_node<'a>(
                 _ => panic!("compare lanes mismatch"),
             }
         }
-        Node::Select(p, t, e) if plan[*p] == Plan::Folded => {
-            let (Node::Compare(c, x, y), LaneMut::F(o)) = (&f.nodes[*p].0, o) else {
+        Node::Select(p, tj, ej) if plan[*p] == Plan::Folded => {
+            let (Node::Compare(c, xj, yj), LaneMut::F(o)) = (&f.nodes[*p].0, o) else {
                 unreachable!("only f32 compares are folded into an f32 select")
             };
             let (Lane::F(x), Lane::F(y), Lane::F(t), Lane::F(e)) =
-                (get(*x), get(*y), get(*t), get(*e))
+                (get(*xj), get(*yj), get(*tj), get(*ej))
             else {
                 unreachable!("a folded compare and its select read f32 lanes")
             };
-            select_cmp(*c, x, y, t, e, o)
+            let n = o.len();
+            // Splat operands are read as registers (8 instantiations).
+            with_src!(f, *yj, y, n, |y| with_src!(f, *tj, t, n, |t| with_src!(
+                f,
+                *ej,
+                e,
+                n,
+                |e| select_cmp(*c, x, y, t, e, o)
+            )))
         }
         Node::Convert(a) if plan[*a] == Plan::Folded => {
-            let (Node::Compare(c, x, y), LaneMut::F(o)) = (&f.nodes[*a].0, o) else {
+            let (Node::Compare(c, xj, yj), LaneMut::F(o)) = (&f.nodes[*a].0, o) else {
                 unreachable!("only f32 compares are folded into an f32 convert")
             };
-            let (Lane::F(x), Lane::F(y)) = (get(*x), get(*y)) else {
+            let (Lane::F(x), Lane::F(y)) = (get(*xj), get(*yj)) else {
                 unreachable!("a folded compare reads f32 lanes")
             };
-            compare_f32(*c, x, y, o)
+            let n = o.len();
+            with_src!(f, *yj, y, n, |y| compare_f32(*c, x, y, o))
         }
         Node::Select(p, t, e) => {
             let Lane::B(p) = get(*p) else {
@@ -1148,7 +1283,7 @@ fn run_range_impl<T: Store>(
     let inplace_node = inplace.and_then(|k| f.nodes.iter().position(|(n, _)| *n == Node::Input(k)));
     // Inputs whose values are their own lane are read in place (no copy into scratch);
     // compares feeding one select or convert are evaluated inside it.
-    let plan = plan(f, inputs, inplace);
+    let mut plan = plan(f, inputs, inplace);
     let root = f.nodes.len() - 1;
     // A computed root is written straight into the output (no scratch, no copy).
     let root_direct = T::DIRECT
@@ -1156,11 +1291,34 @@ fn run_range_impl<T: Store>(
             f.nodes[root].0,
             Node::Input(_) | Node::Splat(_) | Node::Iota { .. }
         );
+    // An f32 binary root that is the in-place input's only user reads it where it already
+    // is (the output chunk, or `pre`): no copy into scratch.
+    if let (Some(j), true) = (inplace_node, root_direct) {
+        let slot_root = match f.nodes[root] {
+            (Node::Binary(_, x, y), DType::F32) => (x == j) != (y == j),
+            _ => false,
+        };
+        let users = f
+            .nodes
+            .iter()
+            .filter(|(node, _)| match node {
+                Node::Unary(_, a) | Node::Convert(a) => *a == j,
+                Node::Binary(_, a, b) | Node::Compare(_, a, b) => *a == j || *b == j,
+                Node::Select(p, t, e) => *p == j || *t == j || *e == j,
+                _ => false,
+            })
+            .count();
+        if slot_root && users == 1 && f.nodes[j].1 == DType::F32 {
+            plan[j] = Plan::Slot;
+            plan[root] = Plan::SlotRoot;
+        }
+    }
     for c in (0..out.len()).step_by(CHUNK) {
         let n = CHUNK.min(out.len() - c);
-        if let Some(j) = inplace_node {
-            match pre {
-                Some(x) => f32::load(&x[c..c + n], &mut sc[j]),
+        let slot_vals = pre.map(|x| &x[c..c + n]);
+        if let Some(j) = inplace_node.filter(|&j| plan[j] != Plan::Slot) {
+            match slot_vals {
+                Some(x) => f32::load(x, &mut sc[j]),
                 None => T::load(&out[c..c + n], &mut sc[j]),
             }
         }
@@ -1175,9 +1333,10 @@ fn run_range_impl<T: Store>(
                 &plan,
                 inplace,
                 Some(T::direct(o)),
+                slot_vals,
             );
         } else {
-            eval_chunk(f, inputs, start + c, n, &mut sc, &plan, inplace, None);
+            eval_chunk(f, inputs, start + c, n, &mut sc, &plan, inplace, None, None);
             T::store(&sc[root], o);
         }
     }
