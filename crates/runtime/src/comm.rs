@@ -287,36 +287,42 @@ fn reduce_float<T: Copy + Send + Sync>(
 ) -> Vec<T> {
     let n = xs[0].len();
     let mut out: Vec<T> = Vec::with_capacity(n);
-    out.spare_capacity_mut()
-        .par_chunks_mut(CHUNK)
-        .enumerate()
-        .for_each(|(c, dst)| {
-            let lo = c * CHUNK;
-            let mut acc = vec![op.identity(); dst.len()];
-            for x in xs {
-                let x = &x[lo..lo + dst.len()];
-                match op {
-                    ReduceOp::Sum => {
-                        for (a, &v) in acc.iter_mut().zip(x) {
-                            *a += widen(v);
-                        }
+    let work = |(c, dst): (usize, &mut [std::mem::MaybeUninit<T>])| {
+        let lo = c * CHUNK;
+        let mut acc = vec![op.identity(); dst.len()];
+        for x in xs {
+            let x = &x[lo..lo + dst.len()];
+            match op {
+                ReduceOp::Sum => {
+                    for (a, &v) in acc.iter_mut().zip(x) {
+                        *a += widen(v);
                     }
-                    ReduceOp::Max => {
-                        for (a, &v) in acc.iter_mut().zip(x) {
-                            *a = fmax(*a, widen(v));
-                        }
+                }
+                ReduceOp::Max => {
+                    for (a, &v) in acc.iter_mut().zip(x) {
+                        *a = fmax(*a, widen(v));
                     }
-                    ReduceOp::Min => {
-                        for (a, &v) in acc.iter_mut().zip(x) {
-                            *a = fmin(*a, widen(v));
-                        }
+                }
+                ReduceOp::Min => {
+                    for (a, &v) in acc.iter_mut().zip(x) {
+                        *a = fmin(*a, widen(v));
                     }
                 }
             }
-            for (d, a) in dst.iter_mut().zip(acc) {
-                d.write(narrow(a));
-            }
-        });
+        }
+        for (d, a) in dst.iter_mut().zip(acc) {
+            d.write(narrow(a));
+        }
+    };
+    // One chunk is reduced on this thread (no parallel task for a scalar).
+    if n <= CHUNK {
+        work((0, &mut out.spare_capacity_mut()[..n]));
+    } else {
+        out.spare_capacity_mut()[..n]
+            .par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(work);
+    }
     // SAFETY: the chunks above cover all `n` spare elements and each was written once.
     unsafe { out.set_len(n) };
     out
@@ -417,13 +423,18 @@ impl Communicator for InProcess {
             .flat_map(|g| (0..g.len()).map(move |r| (g[r], r, g)))
             .collect();
         // Reductions are computed once per group, then shared by its members.
-        let reduced: Vec<Option<Data>> = groups
-            .par_iter()
-            .map(|g| {
-                let xs: Vec<&Data> = g.iter().map(|&d| &local[d].data).collect();
-                reduction_of(op).map(|r| reduce_group(&xs, r))
-            })
-            .collect();
+        // Small operands are handled on this thread (parallel tasks cost more than they
+        // save there).
+        let small = ty.num_elements() < crate::exec::SMALL_COLLECTIVE;
+        let reduce = |g: &Vec<usize>| {
+            let xs: Vec<&Data> = g.iter().map(|&d| &local[d].data).collect();
+            reduction_of(op).map(|r| reduce_group(&xs, r))
+        };
+        let reduced: Vec<Option<Data>> = if small {
+            groups.iter().map(reduce).collect()
+        } else {
+            groups.par_iter().map(reduce).collect()
+        };
         let group_of: Vec<usize> = {
             let mut v = vec![0; local.len()];
             for (gi, g) in groups.iter().enumerate() {
@@ -433,113 +444,125 @@ impl Communicator for InProcess {
             }
             v
         };
-        let results: Vec<(usize, HostTensor)> = jobs
-            .par_iter()
-            .map(|&(dev, r, g)| {
-                let xs: Vec<&Data> = g.iter().map(|&d| &local[d].data).collect();
-                let red = || reduced[group_of[dev]].as_ref().expect("reduced above");
-                let k = g.len();
-                let shape = &ty.shape;
-                let t = match op {
-                    Op::AllReduce { .. } => HostTensor {
-                        ty: ty.clone(),
-                        data: red().clone(),
-                    },
-                    Op::AllGather { dim, .. } => {
-                        let mut os = shape.clone();
-                        os[*dim] *= k;
-                        let mut out = self.overwritten(ty.dtype, os.iter().product());
-                        for (j, x) in xs.iter().enumerate() {
-                            move_block(x, shape, *dim, 0, shape[*dim], &mut out, &os, *dim, j * shape[*dim]);
-                        }
-                        HostTensor {
-                            ty: ty.with_shape(os),
-                            data: out,
-                        }
+        let result = |&(dev, r, g): &(usize, usize, &Vec<usize>)| {
+            let xs: Vec<&Data> = g.iter().map(|&d| &local[d].data).collect();
+            let red = || reduced[group_of[dev]].as_ref().expect("reduced above");
+            let k = g.len();
+            let shape = &ty.shape;
+            let t = match op {
+                Op::AllReduce { .. } => HostTensor {
+                    ty: ty.clone(),
+                    data: red().clone(),
+                },
+                Op::AllGather { dim, .. } => {
+                    let mut os = shape.clone();
+                    os[*dim] *= k;
+                    let mut out = self.overwritten(ty.dtype, os.iter().product());
+                    for (j, x) in xs.iter().enumerate() {
+                        move_block(
+                            x,
+                            shape,
+                            *dim,
+                            0,
+                            shape[*dim],
+                            &mut out,
+                            &os,
+                            *dim,
+                            j * shape[*dim],
+                        );
                     }
-                    Op::ReduceScatter { dim, .. } => {
-                        let full = red();
-                        let m = shape[*dim] / k;
-                        let mut os = shape.clone();
-                        os[*dim] = m;
-                        let mut out = self.overwritten(ty.dtype, os.iter().product());
-                        move_block(full, shape, *dim, r * m, m, &mut out, &os, *dim, 0);
-                        HostTensor {
-                            ty: ty.with_shape(os),
-                            data: out,
-                        }
+                    HostTensor {
+                        ty: ty.with_shape(os),
+                        data: out,
                     }
-                    Op::AllToAll {
-                        split_dim,
-                        concat_dim,
-                        ..
-                    } => {
-                        let m = shape[*split_dim] / k;
-                        let mut os = shape.clone();
-                        os[*split_dim] = m;
-                        os[*concat_dim] *= k;
-                        // Every element is written: block `j` lands at `j` along `concat_dim`.
-                        let mut out = self.overwritten(ty.dtype, os.iter().product());
-                        let mut block = shape.clone();
-                        block[*split_dim] = m;
-                        let c = block[*concat_dim];
-                        for (j, x) in xs.iter().enumerate() {
-                            // Block r of source j, placed at j along concat_dim.
-                            let ist = strides(shape);
-                            let ost = strides(&os);
-                            let soff = r * m * ist[*split_dim];
-                            let doff = j * c * ost[*concat_dim];
-                            with_data2!(*x, &mut out, a, b => copy_strided(a, soff, &ist, b, doff, &ost, &block));
-                        }
-                        HostTensor {
-                            ty: ty.with_shape(os),
-                            data: out,
-                        }
+                }
+                Op::ReduceScatter { dim, .. } => {
+                    let full = red();
+                    let m = shape[*dim] / k;
+                    let mut os = shape.clone();
+                    os[*dim] = m;
+                    let mut out = self.overwritten(ty.dtype, os.iter().product());
+                    move_block(full, shape, *dim, r * m, m, &mut out, &os, *dim, 0);
+                    HostTensor {
+                        ty: ty.with_shape(os),
+                        data: out,
                     }
-                    Op::CollectivePermute { pairs, .. } => {
-                        match pairs.iter().find(|&&(_, dst)| dst == r) {
-                            Some(&(src, _)) => HostTensor {
-                                ty: ty.clone(),
-                                data: xs[src].clone(),
-                            },
-                            None => HostTensor {
-                                ty: ty.clone(),
-                                data: zeros(ty.dtype, ty.num_elements()),
-                            },
-                        }
+                }
+                Op::AllToAll {
+                    split_dim,
+                    concat_dim,
+                    ..
+                } => {
+                    let m = shape[*split_dim] / k;
+                    let mut os = shape.clone();
+                    os[*split_dim] = m;
+                    os[*concat_dim] *= k;
+                    // Every element is written: block `j` lands at `j` along `concat_dim`.
+                    let mut out = self.overwritten(ty.dtype, os.iter().product());
+                    let mut block = shape.clone();
+                    block[*split_dim] = m;
+                    let c = block[*concat_dim];
+                    for (j, x) in xs.iter().enumerate() {
+                        // Block r of source j, placed at j along concat_dim.
+                        let ist = strides(shape);
+                        let ost = strides(&os);
+                        let soff = r * m * ist[*split_dim];
+                        let doff = j * c * ost[*concat_dim];
+                        with_data2!(*x, &mut out, a, b => copy_strided(a, soff, &ist, b, doff, &ost, &block));
                     }
-                    Op::Parameter { .. }
-                    | Op::Constant { .. }
-                    | Op::Iota { .. }
-                    | Op::Unary(_)
-                    | Op::Binary(_)
-                    | Op::Compare(_)
-                    | Op::Select
-                    | Op::Convert
-                    | Op::StopGradient
-                    | Op::Copy
-                    | Op::Broadcast { .. }
-                    | Op::Reshape
-                    | Op::Transpose { .. }
-                    | Op::Slice { .. }
-                    | Op::DynamicSlice { .. }
-                    | Op::DynamicUpdateSlice
-                    | Op::Pad { .. }
-                    | Op::Concatenate { .. }
-                    | Op::Reduce { .. }
-                    | Op::DotGeneral(_)
-                    | Op::Conv { .. }
-                    | Op::Reverse { .. }
-                    | Op::Cumsum { .. }
-                    | Op::Argmax { .. }
-                    | Op::Gather { .. }
-                    | Op::ScatterAdd { .. }
-                    | Op::Rng { .. }
-                    | Op::PartitionId => unreachable!("collective_axes() is Some"),
-                };
-                (dev, t)
-            })
-            .collect();
+                    HostTensor {
+                        ty: ty.with_shape(os),
+                        data: out,
+                    }
+                }
+                Op::CollectivePermute { pairs, .. } => {
+                    match pairs.iter().find(|&&(_, dst)| dst == r) {
+                        Some(&(src, _)) => HostTensor {
+                            ty: ty.clone(),
+                            data: xs[src].clone(),
+                        },
+                        None => HostTensor {
+                            ty: ty.clone(),
+                            data: zeros(ty.dtype, ty.num_elements()),
+                        },
+                    }
+                }
+                Op::Parameter { .. }
+                | Op::Constant { .. }
+                | Op::Iota { .. }
+                | Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Compare(_)
+                | Op::Select
+                | Op::Convert
+                | Op::StopGradient
+                | Op::Copy
+                | Op::Broadcast { .. }
+                | Op::Reshape
+                | Op::Transpose { .. }
+                | Op::Slice { .. }
+                | Op::DynamicSlice { .. }
+                | Op::DynamicUpdateSlice
+                | Op::Pad { .. }
+                | Op::Concatenate { .. }
+                | Op::Reduce { .. }
+                | Op::DotGeneral(_)
+                | Op::Conv { .. }
+                | Op::Reverse { .. }
+                | Op::Cumsum { .. }
+                | Op::Argmax { .. }
+                | Op::Gather { .. }
+                | Op::ScatterAdd { .. }
+                | Op::Rng { .. }
+                | Op::PartitionId => unreachable!("collective_axes() is Some"),
+            };
+            (dev, t)
+        };
+        let results: Vec<(usize, HostTensor)> = if small {
+            jobs.iter().map(result).collect()
+        } else {
+            jobs.par_iter().map(result).collect()
+        };
         let mut out: Vec<Option<HostTensor>> = vec![None; local.len()];
         for (d, t) in results {
             out[d] = Some(t);

@@ -423,6 +423,10 @@ impl GroupBuilder<'_> {
     }
 }
 
+/// Operands of fewer elements than this are moved in and out of a collective on the
+/// calling thread (no parallel tasks).
+pub(crate) const SMALL_COLLECTIVE: usize = 4096;
+
 /// A collective over groups of one device that returns its operand unchanged (every kind
 /// but a permute that does not send rank 0 to itself, which yields zeros).
 fn trivial_collective(p: &Program, op: &Op) -> bool {
@@ -1206,35 +1210,41 @@ impl Executable {
         let c = self.class[v];
         let dies = self.last_read[c] == si && self.members[c].len() == 1;
         let mut moved = vec![0usize; devs.len()];
-        let local: Vec<HostTensor> = devs
-            .par_iter_mut()
-            .zip(moved.par_iter_mut())
-            .map(|(d, moved)| {
-                let data = match d.vals[v].take() {
-                    Some(Buf::Own(a)) if dies => match Arc::try_unwrap(a) {
-                        Ok(data) => {
-                            *moved = bytes(&data);
-                            data
-                        }
-                        Err(a) => {
-                            let data = d.copy_of(&a);
-                            d.vals[v] = Some(Buf::Own(a));
-                            data
-                        }
-                    },
-                    Some(b) => {
-                        let data = d.copy_of(b.data());
-                        d.vals[v] = Some(b);
+        let take = |(d, moved): (&mut Dev, &mut usize)| {
+            let data = match d.vals[v].take() {
+                Some(Buf::Own(a)) if dies => match Arc::try_unwrap(a) {
+                    Ok(data) => {
+                        *moved = bytes(&data);
                         data
                     }
-                    None => unreachable!("operands are live"),
-                };
-                HostTensor {
-                    ty: operand_ty.clone(),
-                    data,
+                    Err(a) => {
+                        let data = d.copy_of(&a);
+                        d.vals[v] = Some(Buf::Own(a));
+                        data
+                    }
+                },
+                Some(b) => {
+                    let data = d.copy_of(b.data());
+                    d.vals[v] = Some(b);
+                    data
                 }
-            })
-            .collect();
+                None => unreachable!("operands are live"),
+            };
+            HostTensor {
+                ty: operand_ty.clone(),
+                data,
+            }
+        };
+        // Small operands (a loss, a norm) are gathered on this thread: handing a few bytes
+        // to the pool costs more than copying them.
+        let local: Vec<HostTensor> = if operand_ty.num_elements() < SMALL_COLLECTIVE {
+            devs.iter_mut().zip(moved.iter_mut()).map(take).collect()
+        } else {
+            devs.par_iter_mut()
+                .zip(moved.par_iter_mut())
+                .map(take)
+                .collect()
+        };
         let out = if self.reference_kernels {
             crate::reference::collective_on_hosts(&ins.op, mesh, &local).ok_or_else(|| {
                 CommError::Failed {
