@@ -350,58 +350,65 @@ macro_rules! with_src {
     };
 }
 
+/// `$body` with `$f` bound to binary op `$b`'s f32 rule (a closure; one instantiation of
+/// the body per op, so its loop has no per-element dispatch).
+macro_rules! with_binop {
+    ($b:expr, |$f:ident| $body:expr) => {
+        match $b {
+            BinaryOp::Add => {
+                let $f = |x: f32, y: f32| x + y;
+                $body
+            }
+            BinaryOp::Sub => {
+                let $f = |x: f32, y: f32| x - y;
+                $body
+            }
+            BinaryOp::Mul => {
+                let $f = |x: f32, y: f32| x * y;
+                $body
+            }
+            BinaryOp::Div => {
+                let $f = |x: f32, y: f32| x / y;
+                $body
+            }
+            BinaryOp::Rem => {
+                let $f = |x: f32, y: f32| x % y;
+                $body
+            }
+            BinaryOp::Max => {
+                let $f = fmax32;
+                $body
+            }
+            BinaryOp::Min => {
+                let $f = fmin32;
+                $body
+            }
+            b @ (BinaryOp::Pow | BinaryOp::And | BinaryOp::Or) => {
+                let $f = |x: f32, y: f32| binary_f64(b, x as f64, y as f64) as f32;
+                $body
+            }
+        }
+    };
+}
+
 #[inline(always)]
 fn binary_f32(b: BinaryOp, x: impl Src, y: impl Src, o: &mut [f32]) {
-    macro_rules! go {
-        (|$x:ident, $y:ident| $e:expr) => {
-            for (i, o) in o.iter_mut().enumerate() {
-                let ($x, $y) = (x.at(i), y.at(i));
-                *o = $e;
-            }
-        };
-    }
-    match b {
-        BinaryOp::Add => go!(|x, y| x + y),
-        BinaryOp::Sub => go!(|x, y| x - y),
-        BinaryOp::Mul => go!(|x, y| x * y),
-        BinaryOp::Div => go!(|x, y| x / y),
-        BinaryOp::Rem => go!(|x, y| x % y),
-        BinaryOp::Max => go!(|x, y| fmax32(x, y)),
-        BinaryOp::Min => go!(|x, y| fmin32(x, y)),
-        BinaryOp::Pow | BinaryOp::And | BinaryOp::Or => {
-            go!(|x, y| binary_f64(b, x as f64, y as f64) as f32)
-        }
-    }
+    with_binop!(b, |f| for (i, o) in o.iter_mut().enumerate() {
+        *o = f(x.at(i), y.at(i));
+    })
 }
 
 /// `o[i] = o[i] b y[i]` (`SLOT_FIRST`) or `y[i] b o[i]`: [`binary_f32`] over values that
 /// are already in the output.
 #[inline(always)]
 fn binary_f32_inplace<const SLOT_FIRST: bool>(b: BinaryOp, o: &mut [f32], y: impl Src) {
-    macro_rules! go {
-        (|$x:ident, $y:ident| $e:expr) => {
-            for (i, o) in o.iter_mut().enumerate() {
-                let ($x, $y) = if SLOT_FIRST {
-                    (*o, y.at(i))
-                } else {
-                    (y.at(i), *o)
-                };
-                *o = $e;
-            }
+    with_binop!(b, |f| for (i, o) in o.iter_mut().enumerate() {
+        *o = if SLOT_FIRST {
+            f(*o, y.at(i))
+        } else {
+            f(y.at(i), *o)
         };
-    }
-    match b {
-        BinaryOp::Add => go!(|x, y| x + y),
-        BinaryOp::Sub => go!(|x, y| x - y),
-        BinaryOp::Mul => go!(|x, y| x * y),
-        BinaryOp::Div => go!(|x, y| x / y),
-        BinaryOp::Rem => go!(|x, y| x % y),
-        BinaryOp::Max => go!(|x, y| fmax32(x, y)),
-        BinaryOp::Min => go!(|x, y| fmin32(x, y)),
-        BinaryOp::Pow | BinaryOp::And | BinaryOp::Or => {
-            go!(|x, y| binary_f64(b, x as f64, y as f64) as f32)
-        }
-    }
+    })
 }
 
 fn unary_i32(u: UnaryOp, x: i32) -> i32 {
