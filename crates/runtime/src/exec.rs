@@ -1477,17 +1477,7 @@ impl Dev<'_> {
                     _ => None,
                 };
                 match computed {
-                    Some(c) => {
-                        flops = 2.0 * (c * plan.k) as f64;
-                        detail = format!(
-                            "Masked B={} M={} N={} K={}: {c} of {} values",
-                            plan.b,
-                            plan.m,
-                            plan.n,
-                            plan.k,
-                            plan.b * plan.m * plan.n
-                        );
-                    }
+                    Some(c) => (flops, detail) = masked_detail(plan, c),
                     None => {
                         (flops, detail) = self.run_dot(exe, plan, l, r, &mut out);
                         detail.push_str(" (masks dense)");
@@ -1522,15 +1512,8 @@ impl Dev<'_> {
                     .collect();
                 match dot_masked_sums(plan, lv, rv, &masks, &mut sums) {
                     Some(c) => {
-                        flops = 2.0 * (c * plan.k) as f64;
-                        detail = format!(
-                            "Masked B={} M={} N={} K={}: {c} of {} values, summed",
-                            plan.b,
-                            plan.m,
-                            plan.n,
-                            plan.k,
-                            plan.b * plan.m * plan.n
-                        );
+                        (flops, detail) = masked_detail(plan, c);
+                        detail.push_str(", summed");
                     }
                     None => {
                         drop(sums);
@@ -1690,6 +1673,16 @@ impl Dev<'_> {
         }
         Ok(t.clone())
     }
+}
+
+/// The flops and profile detail of a masked dot that computed `c` values.
+fn masked_detail(plan: &DotPlan, c: usize) -> (f64, String) {
+    let (b, m, n, k) = (plan.b, plan.m, plan.n, plan.k);
+    let detail = format!(
+        "Masked B={b} M={m} N={n} K={k}: {c} of {} values",
+        b * m * n
+    );
+    (2.0 * (c * k) as f64, detail)
 }
 
 /// Run one non-elementwise, non-collective instruction natively.
