@@ -585,6 +585,9 @@ fn sum_masked_dots(p: &Program, steps: &mut Vec<Step>) {
         let Kind::MaskedDot { plan, .. } = &steps[d].kind else {
             continue;
         };
+        if plan.writes_transposed() {
+            continue;
+        }
         let dv = steps[d].instr;
         let shape = &p.instrs[dv].ty.shape;
         let (bm, n) = (plan.b * plan.m, plan.n);
@@ -622,9 +625,6 @@ fn sum_masked_dots(p: &Program, steps: &mut Vec<Step>) {
         let Some(terms) = terms.filter(|t| (1..=2).contains(&t.len())) else {
             continue;
         };
-        if plan.writes_transposed() {
-            continue;
-        }
         let Kind::MaskedDot { plan, .. } = std::mem::replace(&mut steps[d].kind, Kind::Kernel)
         else {
             unreachable!("matched above")
@@ -1329,12 +1329,17 @@ impl Dev<'_> {
             self.live -= b;
             if let Buf::Own(a) = buf {
                 if let Ok(d) = Arc::try_unwrap(a) {
-                    self.pool.cap = self.pool.cap.max(self.peak);
-                    let cap = self.pool.cap;
-                    self.pool.give(d, cap);
+                    self.recycle(d);
                 }
             }
         }
+    }
+
+    /// Keep a buffer nothing holds any more for reuse (within the pool's cap: the peak).
+    fn recycle(&mut self, d: Data) {
+        self.pool.cap = self.pool.cap.max(self.peak);
+        let cap = self.pool.cap;
+        self.pool.give(d, cap);
     }
 
     /// A copy of `x` in a pooled buffer (a fresh one costs a page fault per 4 KiB).
@@ -1360,9 +1365,7 @@ impl Dev<'_> {
     /// Return a buffer from [`Dev::alloc`] that no value holds (a step's scratch).
     fn free_temp(&mut self, d: Data) {
         self.live -= bytes(&d);
-        self.pool.cap = self.pool.cap.max(self.peak);
-        let cap = self.pool.cap;
-        self.pool.give(d, cap);
+        self.recycle(d);
     }
 
     /// Run dot `plan` on values `l` and `r` into `out`: its flops and profile detail.

@@ -1486,3 +1486,68 @@ fn a_transpose_fuses_into_its_dot_through_trivial_collectives() {
         }
     }
 }
+
+/// A masked product summed over only part of its column dims keeps its product (the sums
+/// step needs every column summed): the masked dot runs alone, the multiply and the
+/// reduction apart, and the values match the reference.
+#[test]
+fn masked_dots_summed_over_part_of_their_columns_keep_the_product() {
+    let (g, s, e, c, m) = (2, 32, 8, 4, 16);
+    let ty = |d: &[usize]| Type::new(DType::F32, d.to_vec());
+    let b = Builder::new();
+    let x = b.param("x", ty(&[g, s, m]));
+    let y = b.param("y", ty(&[e, g, c, m]));
+    let mask = b.param("mask", ty(&[g, s, e, c]));
+    let d = x.dot_general(
+        &y,
+        DotDims {
+            lhs_batch: vec![0],
+            rhs_batch: vec![1],
+            lhs_contract: vec![2],
+            rhs_contract: vec![3],
+        },
+    );
+    let r = b.emit(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            dims: vec![3],
+        },
+        &[&d.mul(&mask)],
+        None,
+    );
+    b.output("r", &r);
+    let p = b.finish();
+    let mut rng = Rng(9);
+    let mut mv = vec![0.0; g * s * e * c];
+    for t in 0..g * s {
+        mv[t * e * c + rng.below(e * c)] = rng.unit() + 0.5;
+    }
+    let ins: HashMap<String, HostTensor> = [
+        ("x".to_string(), rng.tensor(&ty(&[g, s, m]), false)),
+        ("y".to_string(), rng.tensor(&ty(&[e, g, c, m]), false)),
+        (
+            "mask".to_string(),
+            HostTensor::from_f64_values(ty(&[g, s, e, c]), &mv),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let prof = Profiler::new();
+    let got = Executable::new(&p)
+        .unwrap()
+        .run(&InProcess::new(1), std::slice::from_ref(&ins), Some(&prof))
+        .unwrap()
+        .outputs
+        .remove(0);
+    let trace = prof.chrome_trace();
+    assert!(trace.contains("Masked"), "the masked path is taken");
+    assert!(
+        !trace.contains("+sums"),
+        "no sums step for a partial reduction"
+    );
+    let want = runtime::run(&p, &ins).unwrap();
+    for (a, w) in got["r"].to_f64_vec().iter().zip(want["r"].to_f64_vec()) {
+        // One product per token: its rounding only.
+        assert!((a - w).abs() <= 1e-5 * (1.0 + w.abs()), "{a} vs {w}");
+    }
+}

@@ -1049,13 +1049,14 @@ pub fn dot(
 /// result's shape, read elementwise) and then summed: the result is computed only where
 /// some mask is non-zero, and is `+0` elsewhere (SDDMM), when that is exact and pays: the
 /// masks' non-zeros at most a tenth of their elements (counted by the walk itself, which
-/// gives up past that), both operands finite and `K * max|lhs| * max|rhs|` (twice, for rounding) inside f32, so
-/// every skipped value is finite and its product with a zero mask element is a zero, which
-/// a sum (starting at `+0`) does not see. The values computed equal the dense product to
-/// rounding (eight partial sums in increasing `k`). This is the MoE combine weights'
-/// gradient: a dense `[G, S, M] x [E, G, C, M]` product of which the gating masks keep
-/// one or two `(e, c)` per token. Returns how many values were computed (`None`: not
-/// applicable; `out` then holds arbitrary values, for the dense product to overwrite).
+/// gives up past that), both operands finite and `K * max|lhs| * max|rhs|` (twice, for
+/// rounding) inside f32, so every skipped value is finite and its product with a zero mask
+/// element is a zero, which a sum (starting at `+0`) does not see. The values computed
+/// equal the dense product to rounding (eight partial sums in increasing `k`). This is the
+/// MoE combine weights' gradient: a dense `[G, S, M] x [E, G, C, M]` product of which the
+/// gating masks keep one or two `(e, c)` per token. Returns how many values were computed
+/// (`None`: not applicable; `out` then holds arbitrary values, for the dense product to
+/// overwrite).
 pub fn dot_masked(
     p: &DotPlan,
     l: &[f32],
