@@ -6,7 +6,7 @@
 //! has one. Skips with a notice on CPUs without AVX2/FMA.
 
 use proptest::prelude::*;
-use runtime::kernels::sgemm::{available, sgemm, MatMut, MatRef};
+use runtime::kernels::sgemm::{available, sgemm_ahead, MatMut, MatRef};
 
 mod common;
 use common::cases;
@@ -116,14 +116,19 @@ proptest! {
         };
         // SAFETY: AVX2/FMA checked above; each buffer holds exactly the elements its
         // strides address, and nothing else touches `c`.
+        // Half the cases fetch "the next GEMM's operands" (here a and b again, and a span
+        // past the end, which a prefetch may name) while they compute: results unchanged.
+        let ahead = [(sa.as_ptr(), sa.len()), (sb.as_ptr(), sb.len()), (sb.as_ptr().wrapping_add(sb.len()), 4096)];
+        let ahead: &[(*const f32, usize)] = if rng.below(2) == 0 { &ahead } else { &[] };
         unsafe {
-            sgemm(
+            sgemm_ahead(
                 m,
                 n,
                 k,
                 MatRef { ptr: sa.as_ptr(), rs: ars, cs: acs },
                 MatRef { ptr: sb.as_ptr(), rs: brs, cs: bcs },
                 cm,
+                ahead,
             )
         };
         for i in 0..m {

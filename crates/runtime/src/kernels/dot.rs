@@ -518,6 +518,7 @@ fn gemm_one<T: GemmFloat>(
     out: OutPtr<T>,
     ob: usize,
     par: gemm::Parallelism,
+    next: Option<usize>,
 ) {
     let (rows, cols) = (p.out.row_off.as_deref(), p.out.col_off.as_deref());
     let is_f32 = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
@@ -540,6 +541,7 @@ fn gemm_one<T: GemmFloat>(
             (p.out.rs, rows),
             (p.out.cs, cols),
             par,
+            next,
         );
     }
     // Rows and columns both at their own offsets (or no micro-kernel): multiply into a
@@ -551,7 +553,7 @@ fn gemm_one<T: GemmFloat>(
             ptr: tmp.as_mut_ptr(),
             len: tmp.len(),
         };
-        gemm_strided(p, l, lb, r, rb, tp, 0, (n, None), (1, None), par);
+        gemm_strided(p, l, lb, r, rb, tp, 0, (n, None), (1, None), par, next);
         assert!(ob + p.out.last(m, n) < out.len);
         for i in 0..m {
             let o = ob + p.out.row(i);
@@ -565,7 +567,8 @@ fn gemm_one<T: GemmFloat>(
 
 /// One dense GEMM `out[ob + row(i) + col(j)] = (l · r)[i, j]`, `row(i)` = `i*ors` or
 /// `rows[i]`, `col(j)` = `j*ocs` or `cols[j]` (tables only on the f32 micro-kernel path, one
-/// at most; the caller has bounded them inside `out`).
+/// at most; the caller has bounded them inside `out`). `next`: the batch entry this thread
+/// multiplies next, whose operands the micro-kernel fetches while it computes this one.
 #[allow(clippy::too_many_arguments)]
 fn gemm_strided<T: GemmFloat>(
     p: &DotPlan,
@@ -578,6 +581,7 @@ fn gemm_strided<T: GemmFloat>(
     (ors, rows): (usize, Option<&[usize]>),
     (ocs, cols): (usize, Option<&[usize]>),
     par: gemm::Parallelism,
+    next: Option<usize>,
 ) {
     let (m, n, k) = (p.m, p.n, p.k);
     let (lrs, lcs, rrs, rcs) = (p.lhs.rs, p.lhs.cs, p.rhs.rs, p.rhs.cs);
@@ -600,7 +604,7 @@ fn gemm_strided<T: GemmFloat>(
             (false, n, sgemm::NR)
         };
         let step = len.div_ceil(threads).div_ceil(unit) * unit;
-        let part = |lo: usize| {
+        let part = |lo: usize, ahead: &[(*const f32, usize)]| {
             let o = out; // the whole `OutPtr` (Sync), not its raw field
             let hi = len.min(lo + step);
             let (i0, j0, mm, nn) = if split_m {
@@ -616,7 +620,7 @@ fn gemm_strided<T: GemmFloat>(
             // batch entry's (the output layout is a bijection); `sgemm::available()` was
             // checked.
             unsafe {
-                sgemm::sgemm(
+                sgemm::sgemm_ahead(
                     mm,
                     nn,
                     k,
@@ -650,17 +654,35 @@ fn gemm_strided<T: GemmFloat>(
                             cols: tcols,
                         }
                     },
+                    ahead,
                 )
             }
         };
         if step >= len {
-            part(0);
+            // One call: it fetches the next entry's operands where each is one compact
+            // span (a strided view over a larger buffer would fetch what it never reads).
+            let span = |x: &[T], base: usize, rs: usize, cs: usize, rows: usize, cols: usize| {
+                let len = (rows - 1) * rs + (cols - 1) * cs + 1;
+                (len <= 2 * rows * cols && base + len <= x.len())
+                    .then(|| (x[base..].as_ptr().cast::<f32>(), len))
+            };
+            let ahead: Vec<(*const f32, usize)> = next
+                .into_iter()
+                .flat_map(|bb| {
+                    [
+                        span(l, p.lhs.batch_off[bb], lrs, lcs, m, k),
+                        span(r, p.rhs.batch_off[bb], rrs, rcs, k, n),
+                    ]
+                })
+                .flatten()
+                .collect();
+            part(0, &ahead);
         } else {
             (0..len)
                 .step_by(step)
                 .collect::<Vec<_>>()
                 .into_par_iter()
-                .for_each(part);
+                .for_each(|lo| part(lo, &[]));
         }
         return;
     }
@@ -928,7 +950,7 @@ fn dense_or_sparse<T: GemmFloat>(
         ptr: out.as_mut_ptr(),
         len: out.len(),
     };
-    let one = |bb: usize, par: gemm::Parallelism| match path {
+    let one = |bb: usize, par: gemm::Parallelism, next: Option<usize>| match path {
         DotPath::SparseLhs => sparse_lhs(p, l, r, optr, bb),
         DotPath::SparseRhs => sparse_rhs(p, l, r, optr, bb),
         DotPath::Dense | DotPath::Int | DotPath::Empty => {
@@ -937,7 +959,7 @@ fn dense_or_sparse<T: GemmFloat>(
                 p.rhs.batch_off[bb],
                 p.out.batch_off[bb],
             );
-            gemm_one(p, l, lb, r, rb, optr, ob, par)
+            gemm_one(p, l, lb, r, rb, optr, ob, par, next)
         }
     };
     let sparse = path != DotPath::Dense;
@@ -951,7 +973,8 @@ fn dense_or_sparse<T: GemmFloat>(
                 ptr: x.as_mut_ptr(),
                 len: x.len(),
             };
-            gemm_one(p, l, lb, r, rb, o, 0, gemm::Parallelism::None);
+            let next = (bb + 1 < b).then_some(bb + 1);
+            gemm_one(p, l, lb, r, rb, o, 0, gemm::Parallelism::None, next);
             epi(bb, x);
         });
         return true;
@@ -959,7 +982,7 @@ fn dense_or_sparse<T: GemmFloat>(
     if b >= 2 * threads || (sparse && b >= 2) {
         (0..b)
             .into_par_iter()
-            .for_each(|bb| one(bb, gemm::Parallelism::None));
+            .for_each(|bb| one(bb, gemm::Parallelism::None, (bb + 1 < b).then_some(bb + 1)));
     } else {
         // One pool thread (a device thread, or an MPI rank's share): gemm's serial path,
         // which skips the threading set-up its rayon path pays even for one thread.
@@ -969,7 +992,7 @@ fn dense_or_sparse<T: GemmFloat>(
             gemm::Parallelism::Rayon(0)
         };
         for bb in 0..b {
-            one(bb, par);
+            one(bb, par, (bb + 1 < b).then_some(bb + 1));
         }
     }
     false

@@ -134,6 +134,26 @@ thread_local! {
 /// that `c` addresses `m * n` distinct elements, and that no other thread accesses `c`'s
 /// elements during the call.
 pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMut) {
+    // SAFETY: the caller's contract; no spans to fetch.
+    unsafe { sgemm_ahead(m, n, k, a, b, c, &[]) }
+}
+
+/// [`sgemm`], fetching the memory of `ahead` (`(start, floats)` spans: the next GEMM's
+/// operands) into cache a few lines per micro-tile, so the next GEMM finds them there
+/// instead of waiting on memory while it packs. A batch of expert GEMMs is bound by the
+/// memory bandwidth otherwise: each expert's weights are read once per use.
+///
+/// # Safety
+/// As [`sgemm`]. The spans need not be readable (a prefetch never faults).
+pub unsafe fn sgemm_ahead(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef,
+    b: MatRef,
+    c: MatMut,
+    ahead: &[(*const f32, usize)],
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -155,7 +175,7 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
             cols: std::ptr::null(),
         };
         // SAFETY: the same elements, addressed with swapped strides.
-        return unsafe { sgemm(n, m, k, t(b), t(a), ct) };
+        return unsafe { sgemm_ahead(n, m, k, t(b), t(a), ct, ahead) };
     }
     // SAFETY (whole body): every offset below is `i*rs + j*cs` with `i`, `j` inside the
     // operand's shape, which the caller's contract makes addressable.
@@ -221,7 +241,10 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
             let (sa, sb) = &mut *bufs;
             let pa = sa.get(MC.div_ceil(MR) * MR * KC);
             let pb = sb.get(NC.div_ceil(NR) * NR * KC);
-            blocked(n, &ks, &live, &dead, a, b, c, pa, pb);
+            // A few lines of the spans ahead per micro-tile, spread over the whole call.
+            let tiles = n.div_ceil(NR) * live.len().div_ceil(MR) * ks.len().div_ceil(KC);
+            let mut fetch = Fetch::new(ahead, tiles);
+            blocked(n, &ks, &live, &dead, a, b, c, pa, pb, &mut fetch);
         });
     }
 }
@@ -242,6 +265,7 @@ unsafe fn blocked(
     c: MatMut,
     pa: &mut [f32],
     pb: &mut [f32],
+    fetch: &mut Fetch,
 ) {
     let kk = ks.len();
     // SAFETY (whole body): offsets stay inside the operands by the caller's contract.
@@ -271,6 +295,7 @@ unsafe fn blocked(
                             let nr = NR.min(nc - jr);
                             let bp = pb[jr * kc..].as_ptr();
                             for (t, tile) in rblk.chunks(MR).enumerate() {
+                                fetch.next();
                                 let mut crow = [std::ptr::null_mut(); MR];
                                 for (q, &i) in tile.iter().enumerate() {
                                     crow[q] = c.row(i).add((jc + jr) * c.cs);
@@ -298,6 +323,58 @@ unsafe fn blocked(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Cache lines of some spans of memory, fetched a few at a time (see [`sgemm_ahead`]).
+struct Fetch {
+    /// Remaining spans as `(next line, end)` byte addresses, the current one last.
+    spans: Vec<(usize, usize)>,
+    /// Lines per call of [`Fetch::next`].
+    quota: usize,
+}
+
+impl Fetch {
+    const LINE: usize = 64;
+
+    /// Fetch `spans` over `calls` calls of [`Fetch::next`].
+    fn new(spans: &[(*const f32, usize)], calls: usize) -> Fetch {
+        let spans: Vec<(usize, usize)> = spans
+            .iter()
+            .rev()
+            .filter(|s| s.1 > 0)
+            .map(|&(p, len)| {
+                let start = p as usize & !(Self::LINE - 1);
+                (start, p as usize + len * 4)
+            })
+            .collect();
+        let lines: usize = spans.iter().map(|s| (s.1 - s.0).div_ceil(Self::LINE)).sum();
+        Fetch {
+            spans,
+            quota: lines.div_ceil(calls.max(1)),
+        }
+    }
+
+    /// Fetch the next few lines.
+    #[inline]
+    fn next(&mut self) {
+        let mut left = self.quota;
+        while left > 0 {
+            let Some(cur) = self.spans.last_mut() else {
+                return;
+            };
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                _mm_prefetch::<_MM_HINT_T1>(cur.0 as *const i8);
+            }
+            cur.0 += Self::LINE;
+            if cur.0 >= cur.1 {
+                self.spans.pop();
+            }
+            left -= 1;
         }
     }
 }
