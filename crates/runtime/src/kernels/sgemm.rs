@@ -441,7 +441,15 @@ unsafe fn pack_a(
         // SAFETY: `kk < kc` and `q < nq <= MR` keep the writes inside `panel`; every read is
         // an element `(i, k)` with `i` in `rows`, `k` in `kidx`.
         unsafe {
-            if run && nq == MR {
+            if run && nq == MR && rs == 1 && tile[MR - 1] - tile[0] == MR - 1 {
+                // A column-major A (a transposed activation in a weight gradient): the
+                // tile's rows are one contiguous run per step, moved whole (24 bytes), not
+                // as six scalar loads.
+                let s0 = src[0];
+                for kk in 0..kc {
+                    std::ptr::copy_nonoverlapping(s0.add((k0 + kk) * cs), out.add(kk * MR), MR);
+                }
+            } else if run && nq == MR {
                 for kk in 0..kc {
                     let off = (k0 + kk) * cs;
                     let o = out.add(kk * MR);
