@@ -1181,6 +1181,33 @@ fn multiplying_by_a_splat_one_is_an_alias() {
     assert_exact(&p, &r.outputs[0], &runtime::run(&p, &ins).unwrap());
 }
 
+/// The MoE combine weights' gradient product `[G, S, M] x [E, G, C, M] -> [G, S, E, C]` of
+/// parameters `x` and `y` (batch `G`, contracting `M`), and `[G, S, E, C]` mask parameters
+/// named `masks`, declared before the dot (a masked dot needs its masks to exist by then).
+fn combine_grad_dot(
+    b: &Builder,
+    (g, s, e, c, m): (usize, usize, usize, usize, usize),
+    masks: &[&str],
+) -> (ir::Value, Vec<ir::Value>) {
+    let ty = |d: &[usize]| Type::new(DType::F32, d.to_vec());
+    let x = b.param("x", ty(&[g, s, m]));
+    let y = b.param("y", ty(&[e, g, c, m]));
+    let masks = masks
+        .iter()
+        .map(|n| b.param(n, ty(&[g, s, e, c])))
+        .collect();
+    let d = x.dot_general(
+        &y,
+        DotDims {
+            lhs_batch: vec![0],
+            rhs_batch: vec![1],
+            lhs_contract: vec![2],
+            rhs_contract: vec![3],
+        },
+    );
+    (d, masks)
+}
+
 /// A dot used only through `dot * mask` summed (the MoE combine weights' gradient) is
 /// computed where the masks are non-zero: the sums equal the reference's, and the dense
 /// product runs instead whenever skipping could change them: masks not sparse, a
@@ -1191,19 +1218,8 @@ fn masked_dots_give_the_sums_of_the_dense_product() {
     let (g, s, e, c, m) = (2, 64, 8, 4, 32);
     let ty = |d: &[usize]| Type::new(DType::F32, d.to_vec());
     let b = Builder::new();
-    let x = b.param("x", ty(&[g, s, m]));
-    let y = b.param("y", ty(&[e, g, c, m]));
-    let m1 = b.param("m1", ty(&[g, s, e, c]));
-    let m2 = b.param("m2", ty(&[g, s, e, c]));
-    let d = x.dot_general(
-        &y,
-        DotDims {
-            lhs_batch: vec![0],
-            rhs_batch: vec![1],
-            lhs_contract: vec![2],
-            rhs_contract: vec![3],
-        },
-    );
+    let (d, ms) = combine_grad_dot(&b, (g, s, e, c, m), &["m1", "m2"]);
+    let (m1, m2) = (ms[0].clone(), ms[1].clone());
     let sum = |v: &ir::Value| {
         b.emit(
             Op::Reduce {
@@ -1495,18 +1511,8 @@ fn masked_dots_summed_over_part_of_their_columns_keep_the_product() {
     let (g, s, e, c, m) = (2, 32, 8, 4, 16);
     let ty = |d: &[usize]| Type::new(DType::F32, d.to_vec());
     let b = Builder::new();
-    let x = b.param("x", ty(&[g, s, m]));
-    let y = b.param("y", ty(&[e, g, c, m]));
-    let mask = b.param("mask", ty(&[g, s, e, c]));
-    let d = x.dot_general(
-        &y,
-        DotDims {
-            lhs_batch: vec![0],
-            rhs_batch: vec![1],
-            lhs_contract: vec![2],
-            rhs_contract: vec![3],
-        },
-    );
+    let (d, ms) = combine_grad_dot(&b, (g, s, e, c, m), &["mask"]);
+    let mask = ms[0].clone();
     let r = b.emit(
         Op::Reduce {
             op: ReduceOp::Sum,
