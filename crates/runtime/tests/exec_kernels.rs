@@ -93,6 +93,21 @@ fn run_both(
     (got, want)
 }
 
+/// Run `p` on one device through the executor with a profiler: its outputs and the profile.
+fn run_profiled(
+    p: &Program,
+    ins: &HashMap<String, HostTensor>,
+) -> (HashMap<String, HostTensor>, Profiler) {
+    let prof = Profiler::new();
+    let out = Executable::new(p)
+        .unwrap()
+        .run(&InProcess::new(1), std::slice::from_ref(ins), Some(&prof))
+        .unwrap()
+        .outputs
+        .remove(0);
+    (out, prof)
+}
+
 fn same(a: f64, b: f64) -> bool {
     (a.is_nan() && b.is_nan()) || (a == b && a.is_sign_negative() == b.is_sign_negative())
 }
@@ -705,13 +720,7 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
         ins.insert(n.into(), rng.tensor(&Type::new(DType::F32, shape), false));
     }
     let want = runtime::run(&p, &ins).unwrap();
-    let prof = Profiler::new();
-    let got = Executable::new(&p)
-        .unwrap()
-        .run(&InProcess::new(1), std::slice::from_ref(&ins), Some(&prof))
-        .unwrap()
-        .outputs
-        .remove(0);
+    let (got, prof) = run_profiled(&p, &ins);
     for name in [
         "dispatch", "combine", "back", "back2", "back3", "back_t", "back2_t",
     ] {
@@ -1453,13 +1462,7 @@ fn a_transpose_fuses_into_its_dot_through_trivial_collectives() {
     .into_iter()
     .collect();
     let run = |p: &Program| {
-        let prof = Profiler::new();
-        let exe = Executable::new(p).unwrap();
-        let out = exe
-            .run(&InProcess::new(1), std::slice::from_ref(&ins), Some(&prof))
-            .unwrap()
-            .outputs
-            .remove(0);
+        let (out, prof) = run_profiled(p, &ins);
         let names: Vec<String> = prof.events().into_iter().map(|e| e.name).collect();
         (out, names)
     };
@@ -1538,13 +1541,7 @@ fn masked_dots_summed_over_part_of_their_columns_keep_the_product() {
     ]
     .into_iter()
     .collect();
-    let prof = Profiler::new();
-    let got = Executable::new(&p)
-        .unwrap()
-        .run(&InProcess::new(1), std::slice::from_ref(&ins), Some(&prof))
-        .unwrap()
-        .outputs
-        .remove(0);
+    let (got, prof) = run_profiled(&p, &ins);
     let trace = prof.chrome_trace();
     assert!(trace.contains("Masked"), "the masked path is taken");
     assert!(

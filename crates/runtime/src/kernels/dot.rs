@@ -666,16 +666,14 @@ fn gemm_strided<T: GemmFloat>(
                 (len <= 2 * rows * cols && base + len <= x.len())
                     .then(|| (x[base..].as_ptr().cast::<f32>(), len))
             };
-            let ahead: Vec<(*const f32, usize)> = next
-                .into_iter()
-                .flat_map(|bb| {
-                    [
-                        span(l, p.lhs.batch_off[bb], lrs, lcs, m, k),
-                        span(r, p.rhs.batch_off[bb], rrs, rcs, k, n),
-                    ]
-                })
-                .flatten()
-                .collect();
+            // An absent span is empty, which the fetcher skips (no allocation per GEMM).
+            let none = (std::ptr::null(), 0);
+            let ahead = next.map_or([none; 2], |bb| {
+                [
+                    span(l, p.lhs.batch_off[bb], lrs, lcs, m, k).unwrap_or(none),
+                    span(r, p.rhs.batch_off[bb], rrs, rcs, k, n).unwrap_or(none),
+                ]
+            });
             part(0, &ahead);
         } else {
             (0..len)
