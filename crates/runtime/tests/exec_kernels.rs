@@ -887,6 +887,52 @@ fn collectives_match_the_reference_exactly() {
     }
 }
 
+/// Collectives whose operands are ready together share one round (one barrier), whatever
+/// their place in the program: `ar(x)`, a local step on it, `ar` of that, then an
+/// independent `ar(exp(x))` listed last runs in the first round. Two rounds, not three, and
+/// the values are the reference's.
+#[test]
+fn independent_collectives_share_a_round() {
+    let mesh = Mesh::parse_spec("x=4").unwrap();
+    let ar = |v: &ir::Value, b: &Builder| {
+        b.emit(
+            Op::AllReduce {
+                op: ReduceOp::Sum,
+                axes: vec!["x".to_string()],
+            },
+            &[v],
+            None,
+        )
+    };
+    let ty = Type::new(DType::F32, vec![4, 8]);
+    let b = Builder::with_mesh(mesh.clone());
+    let x = b.param("x", ty.clone());
+    let a = ar(&x, &b);
+    let y = a.mul(&x);
+    let by = ar(&y, &b);
+    let d = ar(&x.exp(), &b);
+    b.output("e", &by.add(&d));
+    b.output("d", &d);
+    let p = b.finish();
+    let exe = Executable::new(&p).unwrap();
+    assert_eq!(exe.collective_rounds(), 2);
+    let mut rng = Rng(11);
+    let ins: Vec<HashMap<String, HostTensor>> = (0..4)
+        .map(|_| {
+            [("x".to_string(), rng.tensor(&ty, false))]
+                .into_iter()
+                .collect()
+        })
+        .collect();
+    let want = runtime::run_spmd(&p, &ins).unwrap();
+    let got = exe.run(&InProcess::new(4), &ins, None).unwrap();
+    for (g, w) in got.outputs.iter().zip(&want) {
+        for name in ["e", "d"] {
+            assert_eq!(g[name].to_f64_vec(), w[name].to_f64_vec(), "{name}");
+        }
+    }
+}
+
 /// A chain of elementwise ops is one fused pass: nothing but the parameters and the output
 /// is ever live, and a dying input is overwritten in place.
 #[test]

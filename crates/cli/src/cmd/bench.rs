@@ -363,6 +363,7 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         "collectives": r.collectives.iter().map(|x| json!({"kind": x.kind, "count": x.count, "bytes": x.bytes})).collect::<Vec<_>>(),
         "partition_seconds": median(prep),
         "instructions": part.program.len(), "executor_steps": exe.num_steps(),
+        "collective_rounds": exe.collective_rounds(),
         "fused_groups": groups, "fused_ops": fused_ops,
         "dot_seconds": dot_secs, "dot_gflops_per_thread": dot_gflops_per_thread,
     });
