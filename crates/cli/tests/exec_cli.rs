@@ -64,7 +64,21 @@ fn bench_moe_layer_prints_one_json_object() {
         if d == "2" {
             // 4 all-to-alls, each moving half of the f32 E*G*C*M tensor across devices.
             assert_eq!(v["all_to_all_bytes"], 4 * (4 * 4 * 2 * 8 * 4) / 2);
+            // The aux-loss and over-capacity all-reduces meet the all-to-alls in rounds.
+            let rounds = v["collective_rounds"].as_u64().unwrap();
+            assert!((1..=3).contains(&rounds), "{v}");
         }
+        // By default the loss and the four gradients, as the JAX harness's `jax.grad`;
+        // `--outputs all` keeps every named value of the exported program alive as well.
+        assert_eq!(v["outputs"], "grads", "{v}");
+        assert_eq!(v["program_outputs"], 5, "{v}");
+        args.extend(["--outputs", "all"]);
+        let all: serde_json::Value = serde_json::from_str(gshard(&args).trim()).unwrap();
+        assert!(all["program_outputs"].as_u64().unwrap() > 5, "{all}");
+        assert!(
+            all["peak_bytes_per_device"].as_u64() >= v["peak_bytes_per_device"].as_u64(),
+            "{all} vs {v}"
+        );
     }
 }
 

@@ -66,6 +66,18 @@ pub struct MoeBenchArgs {
     /// names in the profile are its instructions.
     #[arg(long)]
     program_out: Option<std::path::PathBuf>,
+    /// What the timed program returns: `grads`, the loss and the four gradients (a training
+    /// step's work, as the JAX harness's `jax.grad`), or `all`, every value the exported
+    /// program names (the routing, the expert buffers: kept alive to the end of the step).
+    #[arg(long, value_enum, default_value_t = BenchOutputs::Grads)]
+    outputs: BenchOutputs,
+}
+
+/// The outputs of the benchmarked MoE program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchOutputs {
+    Grads,
+    All,
 }
 
 #[derive(clap::Args)]
@@ -283,7 +295,12 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
     if d == 0 {
         bail!("--devices must be at least 1");
     }
-    let (p, c, _) = crate::cmd::export::moe_program(&a.layer)?;
+    let (mut p, c, _) = crate::cmd::export::moe_program(&a.layer)?;
+    if a.outputs == BenchOutputs::Grads {
+        p.outputs
+            .retain(|(name, _)| name == "loss" || name.starts_with("grad_"));
+        p.prune();
+    }
     let l = &a.layer;
     let (g, s, e, m, h) = (l.groups, l.group_size, l.experts, l.model_dim, l.hidden_dim);
     if g % d != 0 || e % d != 0 {
@@ -364,6 +381,8 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         "partition_seconds": median(prep),
         "instructions": part.program.len(), "executor_steps": exe.num_steps(),
         "collective_rounds": exe.collective_rounds(),
+        "outputs": match a.outputs { BenchOutputs::Grads => "grads", BenchOutputs::All => "all" },
+        "program_outputs": part.program.outputs.len(),
         "fused_groups": groups, "fused_ops": fused_ops,
         "dot_seconds": dot_secs, "dot_gflops_per_thread": dot_gflops_per_thread,
     });
