@@ -24,8 +24,8 @@
 //!   multiply or reduce pass over memory.
 //! - *Liveness*: each buffer (a value and its aliases) is released after the last step
 //!   that reads it; outputs are kept.
-//! - *Rounds*: the steps are reordered phase by phase ([`coalesce_collectives`]) so that
-//!   collectives whose operands are ready together run back to back, one barrier for all.
+//! - *Rounds*: small collectives (scalar losses, norms) wait to run in the round of the
+//!   next collective, one barrier for all ([`coalesce_collectives`]).
 //! - *Segments*: maximal runs of non-collective steps. Each collective is a segment alone.
 //!
 //! **Running** ([`Executable::run`]): for each local segment, every device runs the whole
@@ -743,38 +743,69 @@ fn fuse_dot_epilogues(p: &Program, steps: &mut Vec<Step>) {
     });
 }
 
-/// Reorder the steps so that collectives meet in as few rounds as the data allows: a step's
-/// *phase* is the number of collective rounds that must precede it (a local step runs in the
-/// phase of its latest input; a collective runs in the round after the phase of its
-/// operands, and its result is available from the next phase on). Steps run phase by phase
-/// (program order inside a phase), each phase's collectives after its local steps. Every
-/// round is a barrier across the device tasks, so a program whose metric all-reduces sit
-/// between its all-to-alls (the MoE layer's aux loss and over-capacity fractions: eleven
-/// collectives) pays three barriers instead of eleven. Every process orders the same
-/// program the same way, so ranks still issue collectives in one order.
-fn coalesce_collectives(steps: Vec<Step>) -> Vec<Step> {
-    if !steps.iter().any(|s| matches!(s.kind, Kind::Collective)) {
-        return steps;
-    }
-    // The phase from which each value is available.
-    let mut ready: HashMap<usize, usize> = HashMap::new();
-    let mut keyed: Vec<(usize, bool, usize, Step)> = Vec::with_capacity(steps.len());
-    for (si, s) in steps.into_iter().enumerate() {
-        let phase = s
-            .reads
-            .iter()
-            .map(|r| ready.get(r).copied().unwrap_or(0))
-            .max()
-            .unwrap_or(0);
+/// Reorder the steps so that small collectives (scalar losses, norms, counts: operands under
+/// [`SMALL_COLLECTIVE`] elements) share the round of the next collective instead of each
+/// stopping every device task: a small collective waits for the next round, and the steps
+/// that read its result (or such a step's) wait until after that round, unless one reads a
+/// large value, which makes the round run there; every other step keeps its program order. Large collectives keep their places, so the buffers they move
+/// and the steps around them live as long as before and the peak stays that of program
+/// order (moving everything as early as it could run put all of a training step's gradient
+/// all-reduces in one round and raised its peak a fifth). The MoE layer's eleven
+/// collectives (four all-to-alls, six scalar all-reduces, the gating weight's gradient)
+/// meet in five rounds. Every process orders the same program the same way, so ranks still
+/// issue their collectives in one order.
+fn coalesce_collectives(p: &Program, steps: Vec<Step>) -> Vec<Step> {
+    use std::collections::{HashSet, VecDeque};
+    let small = |s: &Step| p.instrs[s.reads[0]].ty.num_elements() < SMALL_COLLECTIVE;
+    let mut queue: VecDeque<Step> = steps.into();
+    let mut out: Vec<Step> = Vec::with_capacity(queue.len());
+    // Small collectives waiting for the next round, and the steps waiting on them.
+    let mut pending: Vec<Step> = Vec::new();
+    let mut waiting: Vec<Step> = Vec::new();
+    let mut unavailable: HashSet<usize> = HashSet::new();
+    loop {
+        let Some(s) = queue.pop_front() else {
+            if pending.is_empty() && waiting.is_empty() {
+                break;
+            }
+            // The last round, then what waited on it.
+            out.append(&mut pending);
+            unavailable.clear();
+            queue.extend(waiting.drain(..));
+            continue;
+        };
         let collective = matches!(s.kind, Kind::Collective);
-        let avail = phase + usize::from(collective);
-        for v in std::iter::once(s.instr).chain(s.also) {
-            ready.insert(v, avail);
+        let large = |v: &usize| p.instrs[*v].ty.num_elements() >= SMALL_COLLECTIVE;
+        if s.reads.iter().any(|r| unavailable.contains(r)) {
+            if s.reads.iter().any(large) {
+                // It would hold a large buffer while it waits: run the round now.
+                out.append(&mut pending);
+                unavailable.clear();
+                queue.push_front(s);
+                for w in waiting.drain(..).rev() {
+                    queue.push_front(w);
+                }
+                continue;
+            }
+            unavailable.extend(std::iter::once(s.instr).chain(s.also));
+            waiting.push(s);
+        } else if collective && small(&s) {
+            unavailable.insert(s.instr);
+            pending.push(s);
+        } else if collective {
+            // A round: the waiting small collectives with this one; then the steps that
+            // waited on them, ahead of the rest.
+            out.append(&mut pending);
+            out.push(s);
+            unavailable.clear();
+            for w in waiting.drain(..).rev() {
+                queue.push_front(w);
+            }
+        } else {
+            out.push(s);
         }
-        keyed.push((phase, collective, si, s));
     }
-    keyed.sort_by_key(|&(phase, collective, si, _)| (phase, collective, si));
-    keyed.into_iter().map(|(.., s)| s).collect()
+    out
 }
 
 fn op_label(i: usize, ins: &Instr) -> String {
@@ -1006,7 +1037,7 @@ impl Executable {
             sum_masked_dots(p, &mut steps);
             fuse_dot_epilogues(p, &mut steps);
         }
-        let mut steps = coalesce_collectives(steps);
+        let mut steps = coalesce_collectives(p, steps);
         // Buffer classes and liveness (of the reordered steps).
         let mut class: Vec<usize> = (0..n).collect();
         for s in &steps {
