@@ -764,6 +764,17 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
     );
 }
 
+/// One random input `x` of type `ty` per device.
+fn x_per_device(rng: &mut Rng, ty: &Type, devices: usize) -> Vec<HashMap<String, HostTensor>> {
+    (0..devices)
+        .map(|_| {
+            [("x".to_string(), rng.tensor(ty, false))]
+                .into_iter()
+                .collect()
+        })
+        .collect()
+}
+
 /// Every collective on meshes [x=4] and [a=2, b=2] against `reference::run_spmd`, exactly.
 #[test]
 fn collectives_match_the_reference_exactly() {
@@ -861,13 +872,7 @@ fn collectives_match_the_reference_exactly() {
             let comm = InProcess::new(mesh.num_devices());
             // Twice on one backend: the second run's results land in kept buffers.
             for run in 0..2 {
-                let ins: Vec<HashMap<String, HostTensor>> = (0..mesh.num_devices())
-                    .map(|_| {
-                        [("x".to_string(), rng.tensor(&ty, false))]
-                            .into_iter()
-                            .collect()
-                    })
-                    .collect();
+                let ins = x_per_device(&mut rng, &ty, mesh.num_devices());
                 let want = runtime::run_spmd(&p, &ins).unwrap();
                 let r = exe.run(&comm, &ins, None).unwrap();
                 for (d, (g, w)) in r.outputs.iter().zip(&want).enumerate() {
@@ -917,13 +922,7 @@ fn independent_collectives_share_a_round() {
     let exe = Executable::new(&p).unwrap();
     assert_eq!(exe.collective_rounds(), 2);
     let mut rng = Rng(11);
-    let ins: Vec<HashMap<String, HostTensor>> = (0..4)
-        .map(|_| {
-            [("x".to_string(), rng.tensor(&ty, false))]
-                .into_iter()
-                .collect()
-        })
-        .collect();
+    let ins = x_per_device(&mut rng, &ty, 4);
     let want = runtime::run_spmd(&p, &ins).unwrap();
     let got = exe.run(&InProcess::new(4), &ins, None).unwrap();
     for (g, w) in got.outputs.iter().zip(&want) {
