@@ -747,10 +747,11 @@ fn fuse_dot_epilogues(p: &Program, steps: &mut Vec<Step>) {
 /// [`SMALL_COLLECTIVE`] elements) share the round of the next collective instead of each
 /// stopping every device task: a small collective waits for the next round, and the steps
 /// that read its result (or such a step's) wait until after that round, unless one reads a
-/// large value, which makes the round run there; every other step keeps its program order. Large collectives keep their places, so the buffers they move
-/// and the steps around them live as long as before and the peak stays that of program
-/// order (moving everything as early as it could run put all of a training step's gradient
-/// all-reduces in one round and raised its peak a fifth). The MoE layer's eleven
+/// large value, which makes the round run there; every other step keeps its program order.
+/// Large collectives keep their places, so the buffers they move and the steps around them
+/// live as long as before and the peak stays that of program order (moving everything as
+/// early as it could run put all of a training step's gradient all-reduces in one round
+/// and raised its peak a fifth, though the MoE layer ran ~7 % faster at 8 devices). The MoE layer's eleven
 /// collectives (four all-to-alls, six scalar all-reduces, the gating weight's gradient)
 /// meet in five rounds. Every process orders the same program the same way, so ranks still
 /// issue their collectives in one order.
