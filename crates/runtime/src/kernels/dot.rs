@@ -424,7 +424,8 @@ impl GemmFloat for f64 {
 /// decides speed: both paths give the same values.
 fn mostly_zero<T: GemmFloat>(x: &[T]) -> bool {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let count = |c: &[T]| c.iter().filter(|&&v| v != T::ZERO).count();
+    // Branch-free, so it vectorises (a one-hot operand is all scanned).
+    let count = |c: &[T]| c.iter().fold(0usize, |n, &v| n + usize::from(v != T::ZERO));
     let limit = x.len() / 10;
     if x.len() < super::PAR_MIN {
         return count(x) <= limit;
@@ -453,8 +454,7 @@ fn sampled_dense<T: GemmFloat>(x: &[T]) -> bool {
         .map(|i| {
             x[i * step..i * step + RUN]
                 .iter()
-                .filter(|&&v| v != T::ZERO)
-                .count()
+                .fold(0usize, |n, &v| n + usize::from(v != T::ZERO))
         })
         .sum();
     hits > RUNS * RUN / 5
@@ -746,14 +746,19 @@ fn add_run<T: GemmFloat>(out: OutPtr<T>, at: usize, xs: &[T], term: impl Fn(T) -
 fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
     let (m, n) = (p.m, p.n);
     assert!(ob + p.out.last(m, n) < out.len);
-    // SAFETY (both loops): bounded by the assert above; this batch entry's elements only.
+    // SAFETY (every branch): bounded by the assert above; this batch entry's elements only
+    // (a row or column slice of it is disjoint from every other entry's).
     if p.out.rs == 1 && p.out.row_off.is_none() {
         // Columns are the contiguous runs (a transposed result).
         for j in 0..n {
             let o = ob + p.out.col(j);
-            for i in 0..m {
-                unsafe { *out.ptr.add(o + i) = T::ZERO };
-            }
+            unsafe { std::slice::from_raw_parts_mut(out.ptr.add(o), m) }.fill(T::ZERO);
+        }
+    } else if p.out.cs == 1 && p.out.col_off.is_none() {
+        // Rows are the contiguous runs.
+        for i in 0..m {
+            let o = ob + p.out.row(i);
+            unsafe { std::slice::from_raw_parts_mut(out.ptr.add(o), n) }.fill(T::ZERO);
         }
     } else {
         for i in 0..m {
