@@ -200,6 +200,17 @@ pub fn reduce(x: &Data, shape: &[usize], op: ReduceOp, dims: &[usize], out: &mut
         };
     }
     match (x, out) {
+        (Data::F32(v), Data::F32(o)) if op != ReduceOp::Sum => {
+            // Max and min are exact in f32 whatever the order (the widening to f64 is
+            // exact and the NaN and signed-zero rules do not depend on it): branch-free
+            // f32 lanes, no f64 round trip.
+            o.fill(init as f32);
+            if op == ReduceOp::Max {
+                reduce_acc(v, &runs, o, fmax32);
+            } else {
+                reduce_acc(v, &runs, o, fmin32);
+            }
+        }
         (Data::F32(v), Data::F32(o)) => {
             let mut acc = vec![init; n_out];
             by_op!(v, &mut acc, |x: f32| x as f64);
