@@ -7,8 +7,9 @@
 //! overlap, each still in its row's order). For every
 //! output element the terms are therefore added in row-major order of the reduced dims, the
 //! reference's order. Float sums accumulate in f64 and round once (bit-identical to the
-//! reference); i32 sums wrap; max/min propagate NaN and order `-0 < +0`. When the outermost
-//! run is kept, it is split over the rayon pool.
+//! reference); i32 sums wrap; max/min propagate NaN and order `-0 < +0` (f32 max/min are
+//! folded in f32: exact in any order, the same values as the reference's f64 fold). When
+//! the outermost run is kept, it is split over the rayon pool.
 
 use super::PAR_MIN;
 use crate::tensor::{f64_to_bf16, Data};
