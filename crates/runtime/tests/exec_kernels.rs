@@ -591,6 +591,41 @@ proptest! {
         }
     }
 
+    /// Max/min/sum/argmax along contiguous rows long enough for the lane folds (and, now and
+    /// then, large enough to be split over the pool), f32 with special values (NaN, -0, +0,
+    /// infinities) and i32 with extremes (wrapping sums), in rows of every length around
+    /// the lane width.
+    #[test]
+    fn row_reductions_match(seed in any::<u64>()) {
+        let mut rng = Rng(seed);
+        let dt = rng.pick(&[DType::F32, DType::I32]);
+        let n = 1 + rng.below(70);
+        let rows = if rng.below(4) == 0 { 65536 / n + 1 + rng.below(64) } else { 1 + rng.below(40) };
+        let ty = Type::new(dt, vec![rows, n]);
+        let b = Builder::new();
+        let x = b.param("x", ty.clone());
+        for op in ReduceOp::ALL {
+            b.output(op.name(), &b.emit(Op::Reduce { op, dims: vec![1] }, &[&x], None));
+        }
+        b.output("argmax", &b.emit(Op::Argmax { dim: 1 }, &[&x], None));
+        b.output("all_max", &b.emit(Op::Reduce { op: ReduceOp::Max, dims: vec![0, 1] }, &[&x], None));
+        let p = b.finish();
+        // Per row: sometimes only specials, sometimes only zeros and negatives, else mixed.
+        let v: Vec<f64> = (0..rows).flat_map(|_| {
+            let mode = rng.below(4);
+            let row: Vec<f64> = (0..n).map(|_| match (mode, dt) {
+                (0, DType::F32) => rng.pick(&[0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN]),
+                (0, _) => rng.pick(&[i32::MIN as f64, i32::MAX as f64, 0.0]),
+                (1, _) => rng.pick(&[0.0f64, -0.0, -1.0, -2.0]),
+                _ => rng.value(dt, true),
+            }).collect();
+            row
+        }).collect();
+        let ins: HashMap<String, HostTensor> = [("x".to_string(), HostTensor::from_f64_values(ty, &v))].into_iter().collect();
+        let (got, want) = run_both(&p, &ins);
+        assert_exact(&p, &got, &want);
+    }
+
     #[test]
     fn rng_is_exact(seed in any::<u64>()) {
         let mut rng = Rng(seed);

@@ -43,6 +43,7 @@
 
 use super::layout::gather_copy;
 use super::sgemm;
+use super::with_avx2;
 use crate::tensor::Data;
 use half::bf16;
 use ir::{DType, DotDims};
@@ -425,7 +426,12 @@ impl GemmFloat for f64 {
 fn mostly_zero<T: GemmFloat>(x: &[T]) -> bool {
     use std::sync::atomic::{AtomicUsize, Ordering};
     // Branch-free, so it vectorises (a one-hot operand is all scanned).
-    let count = |c: &[T]| c.iter().fold(0usize, |n, &v| n + usize::from(v != T::ZERO));
+    let count = |c: &[T]| {
+        with_avx2(
+            #[inline(always)]
+            || c.iter().fold(0usize, |n, &v| n + usize::from(v != T::ZERO)),
+        )
+    };
     let limit = x.len() / 10;
     if x.len() < super::PAR_MIN {
         return count(x) <= limit;
@@ -463,10 +469,15 @@ fn sampled_dense<T: GemmFloat>(x: &[T]) -> bool {
 /// The largest `|x|`, or `None` when some value is not finite: one pass, vectorised.
 fn max_abs_finite(x: &[f32]) -> Option<f32> {
     let block = |c: &[f32]| {
-        c.iter().fold((0.0f32, true), |(m, ok), &v| {
-            let a = v.abs();
-            (if a > m { a } else { m }, ok & (a <= f32::MAX))
-        })
+        with_avx2(
+            #[inline(always)]
+            || {
+                c.iter().fold((0.0f32, true), |(m, ok), &v| {
+                    let a = v.abs();
+                    (if a > m { a } else { m }, ok & (a <= f32::MAX))
+                })
+            },
+        )
     };
     let (m, ok) = if x.len() >= super::PAR_MIN {
         x.par_chunks(1 << 14)
@@ -481,8 +492,13 @@ fn max_abs_finite(x: &[f32]) -> Option<f32> {
 /// Whether every value is finite: folded over blocks without an early exit per element, so
 /// it vectorises (`x * 0` is zero exactly for finite `x`).
 fn chunk_finite<T: GemmFloat>(x: &[T]) -> bool {
-    x.chunks(256)
-        .all(|c| c.iter().fold(true, |f, &v| f & (v * T::ZERO == T::ZERO)))
+    with_avx2(
+        #[inline(always)]
+        || {
+            x.chunks(256)
+                .all(|c| c.iter().fold(true, |f, &v| f & (v * T::ZERO == T::ZERO)))
+        },
+    )
 }
 
 fn all_finite<T: GemmFloat>(x: &[T]) -> bool {
@@ -719,7 +735,7 @@ fn gemm_strided<T: GemmFloat>(
 }
 
 /// Accumulate `v * x` into element `(i, j)`-addressed storage through the raw output.
-#[inline]
+#[inline(always)]
 fn axpy_out<T: GemmFloat>(out: OutPtr<T>, at: usize, v: T) {
     debug_assert!(at < out.len);
     // SAFETY: `at` is inside the result buffer (checked by the caller's bounds assert) and
@@ -743,6 +759,7 @@ fn add_run<T: GemmFloat>(out: OutPtr<T>, at: usize, xs: &[T], term: impl Fn(T) -
     }
 }
 
+#[inline(always)]
 fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
     let (m, n) = (p.m, p.n);
     assert!(ob + p.out.last(m, n) < out.len);
@@ -772,7 +789,7 @@ fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
 /// Call `f(t, v)` for every non-zero `v = run[t]`, in order; blocks of 16 zeros are
 /// passed over with one (vectorised) test, so a one-hot operand costs little more than a
 /// read.
-#[inline]
+#[inline(always)]
 fn for_nonzero<T: GemmFloat>(run: &[T], mut f: impl FnMut(usize, T)) {
     for (c, block) in run.chunks(16).enumerate() {
         if block.iter().fold(false, |a, &v| a | (v != T::ZERO)) {
@@ -788,6 +805,7 @@ fn for_nonzero<T: GemmFloat>(run: &[T], mut f: impl FnMut(usize, T)) {
 /// Call `f(i, kk, v)` for every non-zero `v` at `xb + rows[i] + cols[kk]` (`rows_unit`,
 /// `cols_unit`: whether consecutive rows, columns are adjacent), walking the contiguous
 /// direction. Either order visits the terms of each `i` in increasing `kk`.
+#[inline(always)]
 fn nonzeros<T: GemmFloat>(
     x: &[T],
     xb: usize,
@@ -823,6 +841,7 @@ fn nonzeros<T: GemmFloat>(
 
 /// Batch entry `bb` with a mostly-zero lhs: each non-zero `l[i, kk]` adds `l[i, kk] * r[kk, :]`
 /// to `out[i, :]`. Both operands are read in place (their views).
+#[inline(always)]
 fn sparse_lhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: usize) {
     let n = p.n;
     let (lv, rv) = (&p.lhs.view, &p.rhs.view);
@@ -851,6 +870,7 @@ fn sparse_lhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: u
 
 /// Batch entry `bb` with a mostly-zero rhs: each non-zero `r[kk, j]` adds
 /// `l[:, kk] * r[kk, j]` to `out[:, j]`. Both operands are read in place (their views).
+#[inline(always)]
 fn sparse_rhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: usize) {
     let (m, n) = (p.m, p.n);
     let (lv, rv) = (&p.lhs.view, &p.rhs.view);
@@ -954,8 +974,14 @@ fn dense_or_sparse<T: GemmFloat>(
         len: out.len(),
     };
     let one = |bb: usize, par: gemm::Parallelism, next: Option<usize>| match path {
-        DotPath::SparseLhs => sparse_lhs(p, l, r, optr, bb),
-        DotPath::SparseRhs => sparse_rhs(p, l, r, optr, bb),
+        DotPath::SparseLhs => with_avx2(
+            #[inline(always)]
+            || sparse_lhs(p, l, r, optr, bb),
+        ),
+        DotPath::SparseRhs => with_avx2(
+            #[inline(always)]
+            || sparse_rhs(p, l, r, optr, bb),
+        ),
         DotPath::Dense | DotPath::Int | DotPath::Empty => {
             let (lb, rb, ob) = (
                 p.lhs.batch_off[bb],
@@ -1099,42 +1125,49 @@ pub fn dot_masked(
         len: out.len(),
     };
     let rows_contiguous = p.out.cs == 1 && p.out.col_off.is_none();
-    masked_walk(p, l, r, masks, |bb, value, tick| {
-        let optr = whole; // the whole `OutPtr` (Sync), not its raw field
-        let ob = p.out.batch_off[bb];
-        assert!(ob + p.out.last(m, n) < optr.len);
-        let mut computed = 0;
-        for i in 0..m {
-            let o0 = ob + p.out.row(i);
-            // SAFETY (both branches): every write is element `(bb, i, j)` of this entry,
-            // bounded by the assert above; no other task writes it.
-            if rows_contiguous {
-                // The row zeroed, then the masks' non-zeros computed (once per mask that
-                // has one there: the same value).
-                unsafe { std::slice::from_raw_parts_mut(optr.ptr.add(o0), n) }.fill(0.0);
-                for x in masks {
-                    for_nonzero(&x[o0..o0 + n], |j, _| {
-                        computed += 1;
-                        unsafe { *optr.ptr.add(o0 + j) = value(i, j) }
-                    });
+    masked_walk(
+        p,
+        l,
+        r,
+        masks,
+        #[inline(always)]
+        |bb, value, tick| {
+            let optr = whole; // the whole `OutPtr` (Sync), not its raw field
+            let ob = p.out.batch_off[bb];
+            assert!(ob + p.out.last(m, n) < optr.len);
+            let mut computed = 0;
+            for i in 0..m {
+                let o0 = ob + p.out.row(i);
+                // SAFETY (both branches): every write is element `(bb, i, j)` of this entry,
+                // bounded by the assert above; no other task writes it.
+                if rows_contiguous {
+                    // The row zeroed, then the masks' non-zeros computed (once per mask that
+                    // has one there: the same value).
+                    unsafe { std::slice::from_raw_parts_mut(optr.ptr.add(o0), n) }.fill(0.0);
+                    for x in masks {
+                        for_nonzero(&x[o0..o0 + n], |j, _| {
+                            computed += 1;
+                            unsafe { *optr.ptr.add(o0 + j) = value(i, j) }
+                        });
+                    }
+                } else {
+                    for j in 0..n {
+                        let at = o0 + p.out.col(j);
+                        let v = if masks.iter().all(|x| x[at] == 0.0) {
+                            0.0
+                        } else {
+                            computed += 1;
+                            value(i, j)
+                        };
+                        unsafe { *optr.ptr.add(at) = v };
+                    }
                 }
-            } else {
-                for j in 0..n {
-                    let at = o0 + p.out.col(j);
-                    let v = if masks.iter().all(|x| x[at] == 0.0) {
-                        0.0
-                    } else {
-                        computed += 1;
-                        value(i, j)
-                    };
-                    unsafe { *optr.ptr.add(at) = v };
+                if !tick(std::mem::take(&mut computed)) {
+                    return;
                 }
             }
-            if !tick(std::mem::take(&mut computed)) {
-                return;
-            }
-        }
-    })
+        },
+    )
 }
 
 /// [`dot_masked`] for a product that is only summed over its columns after each
@@ -1161,25 +1194,32 @@ pub fn dot_masked_sums(
     }
     // Each batch entry's sums (`masks.len()` runs of `m`), placed after the walk.
     let parts: std::sync::Mutex<Vec<(usize, Vec<f32>)>> = Default::default();
-    let computed = masked_walk(p, l, r, masks, |bb, value, tick| {
-        let mut part = vec![0.0f32; masks.len() * m];
-        for i in 0..m {
-            let o0 = bb * m * n + i * n;
-            let mut computed = 0;
-            for (t, x) in masks.iter().enumerate() {
-                let mut acc = 0.0f64;
-                for_nonzero(&x[o0..o0 + n], |j, w| {
-                    computed += 1;
-                    acc += (value(i, j) * w) as f64;
-                });
-                part[t * m + i] = acc as f32;
+    let computed = masked_walk(
+        p,
+        l,
+        r,
+        masks,
+        #[inline(always)]
+        |bb, value, tick| {
+            let mut part = vec![0.0f32; masks.len() * m];
+            for i in 0..m {
+                let o0 = bb * m * n + i * n;
+                let mut computed = 0;
+                for (t, x) in masks.iter().enumerate() {
+                    let mut acc = 0.0f64;
+                    for_nonzero(&x[o0..o0 + n], |j, w| {
+                        computed += 1;
+                        acc += (value(i, j) * w) as f64;
+                    });
+                    part[t * m + i] = acc as f32;
+                }
+                if !tick(computed) {
+                    return;
+                }
             }
-            if !tick(computed) {
-                return;
-            }
-        }
-        parts.lock().expect("no panics while held").push((bb, part));
-    })?;
+            parts.lock().expect("no panics while held").push((bb, part));
+        },
+    )?;
     for (bb, part) in parts.into_inner().expect("no panics while held") {
         for (t, s) in sums.iter_mut().enumerate() {
             s[bb * m..(bb + 1) * m].copy_from_slice(&part[t * m..(t + 1) * m]);
@@ -1257,7 +1297,10 @@ where
                 })
             }
         };
-        entry(bb, &value, &tick);
+        with_avx2(
+            #[inline(always)]
+            || entry(bb, &value, &tick),
+        );
     };
     if b >= 2 && b * m * n >= super::PAR_MIN {
         (0..b).into_par_iter().for_each(one);
@@ -1270,6 +1313,14 @@ where
 
 /// `sum a[i] * b[i]` over eight lanes of partial sums (vectorised), then the lanes in order.
 fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    with_avx2(
+        #[inline(always)]
+        || dot8_impl(a, b),
+    )
+}
+
+#[inline(always)]
+fn dot8_impl(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ac

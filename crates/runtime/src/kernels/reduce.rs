@@ -11,7 +11,7 @@
 //! folded in f32: exact in any order, the same values as the reference's f64 fold). When
 //! the outermost run is kept, it is split over the rayon pool.
 
-use super::PAR_MIN;
+use super::{with_avx2, PAR_MIN};
 use crate::tensor::{f64_to_bf16, Data};
 use half::bf16;
 use ir::ReduceOp;
@@ -77,8 +77,23 @@ fn runs(shape: &[usize], dims: &[usize]) -> Vec<(usize, bool)> {
     out
 }
 
+/// [`reduce_block`] compiled for AVX2 when the CPU has it (the same operations in the same
+/// order, on wider lanes).
+fn reduce_block_fast<I: Copy, A: Copy>(
+    src: &[I],
+    runs: &[(usize, bool)],
+    acc: &mut [A],
+    add: &(impl Fn(A, I) -> A + Sync),
+) {
+    with_avx2(
+        #[inline(always)]
+        || reduce_block(src, runs, acc, add),
+    )
+}
+
 /// Accumulate the block `src` (row-major over `runs`) into `acc` (row-major over the kept
 /// runs) with `add`, sequentially.
+#[inline(always)]
 fn reduce_block<I: Copy, A: Copy>(
     src: &[I],
     runs: &[(usize, bool)],
@@ -156,6 +171,148 @@ fn reduce_block<I: Copy, A: Copy>(
 /// Rows a reduced innermost run folds at once ([`reduce_block`]).
 const LANES: usize = 8;
 
+/// The row length when the reduction folds contiguous rows, each to its own output (runs
+/// `[kept rows, reduced n]` or a single reduced run).
+fn row_fold(runs: &[(usize, bool)]) -> Option<usize> {
+    match runs {
+        [(n, true)] | [(_, false), (n, true)] => Some(*n),
+        _ => None,
+    }
+}
+
+/// The order key of an f32: `key(a) < key(b)` exactly when `a` is below `b` with `-0 < +0`
+/// (for non-NaN values), so integer max/min of keys is the reference's f32 max/min.
+#[inline]
+fn key(x: f32) -> i32 {
+    let b = x.to_bits() as i32;
+    b ^ (((b >> 31) as u32) >> 1) as i32
+}
+
+/// The inverse of [`key`].
+#[inline]
+fn unkey(k: i32) -> f32 {
+    f32::from_bits((k ^ (((k >> 31) as u32) >> 1) as i32) as u32)
+}
+
+/// Max (or min) of `x` and `init` with the reference's rules: integer max/min of order keys
+/// in [`LANES`] interleaved lanes (vectorised) with a NaN flag beside them. Max and min do
+/// not depend on the order, so this equals the reference's sequential fold.
+fn extreme(x: &[f32], init: f32, max: bool) -> f32 {
+    with_avx2(
+        #[inline(always)]
+        || extreme_impl(x, init, max),
+    )
+}
+
+#[inline(always)]
+fn extreme_impl(x: &[f32], init: f32, max: bool) -> f32 {
+    let pick = |a: i32, b: i32| if max { a.max(b) } else { a.min(b) };
+    let mut lanes = [key(init); LANES];
+    let mut nan = [false; LANES];
+    let mut it = x.chunks_exact(LANES);
+    for c in &mut it {
+        for q in 0..LANES {
+            lanes[q] = pick(lanes[q], key(c[q]));
+            nan[q] |= c[q].is_nan();
+        }
+    }
+    let mut r = lanes[0];
+    let mut any_nan = init.is_nan();
+    for q in 0..LANES {
+        r = pick(r, lanes[q]);
+        any_nan |= nan[q];
+    }
+    for &v in it.remainder() {
+        r = pick(r, key(v));
+        any_nan |= v.is_nan();
+    }
+    if any_nan {
+        f32::NAN
+    } else {
+        unkey(r)
+    }
+}
+
+/// `init` folded with every element of `x` by `f`, an associative and commutative i32
+/// operation (wrapping add, max, min), in [`LANES`] interleaved lanes (vectorised).
+fn fold_i32(x: &[i32], init: i32, f: impl Fn(i32, i32) -> i32 + Copy) -> i32 {
+    with_avx2(
+        #[inline(always)]
+        || {
+            let mut it = x.chunks_exact(LANES);
+            let mut lanes: [i32; LANES] = match it.next() {
+                Some(c) => std::array::from_fn(|q| c[q]),
+                None => return it.remainder().iter().fold(init, |a, &v| f(a, v)),
+            };
+            for c in &mut it {
+                for q in 0..LANES {
+                    lanes[q] = f(lanes[q], c[q]);
+                }
+            }
+            let r = lanes.iter().fold(init, |a, &v| f(a, v));
+            it.remainder().iter().fold(r, |a, &v| f(a, v))
+        },
+    )
+}
+
+/// The index of the first maximum of a non-empty row (the first NaN when there is one):
+/// [`extreme`], then the first position equal to it (`==` finds -0 and +0 alike, as the
+/// reference's `>` scan does), eight lanes per test.
+fn argmax_row(x: &[f32]) -> usize {
+    with_avx2(
+        #[inline(always)]
+        || argmax_row_impl(x),
+    )
+}
+
+#[inline(always)]
+fn argmax_row_impl(x: &[f32]) -> usize {
+    let m = extreme_impl(x, f32::NEG_INFINITY, true);
+    let hit = |v: f32| if m.is_nan() { v.is_nan() } else { v == m };
+    let mut it = x.chunks_exact(LANES);
+    for (c, xs) in (&mut it).enumerate() {
+        let mut mask = 0u32;
+        for (q, &v) in xs.iter().enumerate() {
+            mask |= (hit(v) as u32) << q;
+        }
+        if mask != 0 {
+            return c * LANES + mask.trailing_zeros() as usize;
+        }
+    }
+    let base = x.len() - it.remainder().len();
+    it.remainder()
+        .iter()
+        .position(|&v| hit(v))
+        .map_or(0, |p| base + p)
+}
+
+/// Apply `each(row, out)` to every contiguous row of `n` values of `src` and its output,
+/// split over the pool when the input is large.
+fn for_rows<T: Sync, O: Send>(
+    src: &[T],
+    n: usize,
+    out: &mut [O],
+    each: impl Fn(&[T], &mut O) + Sync,
+) {
+    if n == 0 {
+        return;
+    }
+    let rows = |src: &[T], out: &mut [O]| {
+        for (o, x) in out.iter_mut().zip(src.chunks_exact(n)) {
+            each(x, o);
+        }
+    };
+    if src.len() >= PAR_MIN && out.len() >= 2 {
+        let threads = rayon::current_num_threads().max(1);
+        let per = out.len().div_ceil(threads * 4).max(1);
+        out.par_chunks_mut(per)
+            .zip(src.par_chunks(per * n))
+            .for_each(|(o, x)| rows(x, o));
+    } else {
+        rows(src, out);
+    }
+}
+
 fn reduce_acc<I: Copy + Sync, A: Copy + Send>(
     src: &[I],
     runs: &[(usize, bool)],
@@ -178,10 +335,10 @@ fn reduce_acc<I: Copy + Sync, A: Copy + Send>(
                     let mut sub = runs.to_vec();
                     sub[0].0 = rows;
                     let s = &src[c * k * in_per..(c * k + rows) * in_per];
-                    reduce_block(s, &sub, a, &add);
+                    reduce_block_fast(s, &sub, a, &add);
                 });
         }
-        _ => reduce_block(src, runs, acc, &add),
+        _ => reduce_block_fast(src, runs, acc, &add),
     }
 }
 
@@ -206,10 +363,11 @@ pub fn reduce(x: &Data, shape: &[usize], op: ReduceOp, dims: &[usize], out: &mut
             // exact and the NaN and signed-zero rules do not depend on it): branch-free
             // f32 lanes, no f64 round trip.
             o.fill(init as f32);
-            if op == ReduceOp::Max {
-                reduce_acc(v, &runs, o, fmax32);
-            } else {
-                reduce_acc(v, &runs, o, fmin32);
+            match (op, row_fold(&runs)) {
+                (ReduceOp::Max, Some(n)) => for_rows(v, n, o, |x, o| *o = extreme(x, *o, true)),
+                (ReduceOp::Min, Some(n)) => for_rows(v, n, o, |x, o| *o = extreme(x, *o, false)),
+                (ReduceOp::Max, None) => reduce_acc(v, &runs, o, fmax32),
+                _ => reduce_acc(v, &runs, o, fmin32),
             }
         }
         (Data::F32(v), Data::F32(o)) => {
@@ -234,11 +392,24 @@ pub fn reduce(x: &Data, shape: &[usize], op: ReduceOp, dims: &[usize], out: &mut
                 ReduceOp::Max => i32::MIN,
                 ReduceOp::Min => i32::MAX,
             });
-            reduce_acc(v, &runs, o, move |a: i32, x: i32| match op {
-                ReduceOp::Sum => a.wrapping_add(x),
-                ReduceOp::Max => a.max(x),
-                ReduceOp::Min => a.min(x),
-            });
+            // One closure per op: no per-element dispatch in the inner loops. Wrapping
+            // sums, max and min of integers do not depend on the order: contiguous rows
+            // fold in vector lanes.
+            if let Some(n) = row_fold(&runs) {
+                match op {
+                    ReduceOp::Sum => {
+                        for_rows(v, n, o, |x, o| *o = fold_i32(x, *o, i32::wrapping_add))
+                    }
+                    ReduceOp::Max => for_rows(v, n, o, |x, o| *o = fold_i32(x, *o, std::cmp::max)),
+                    ReduceOp::Min => for_rows(v, n, o, |x, o| *o = fold_i32(x, *o, std::cmp::min)),
+                }
+                return;
+            }
+            match op {
+                ReduceOp::Sum => reduce_acc(v, &runs, o, |a: i32, x: i32| a.wrapping_add(x)),
+                ReduceOp::Max => reduce_acc(v, &runs, o, |a: i32, x: i32| a.max(x)),
+                ReduceOp::Min => reduce_acc(v, &runs, o, |a: i32, x: i32| a.min(x)),
+            }
         }
         (x, o) => panic!("reduce of {} into {}", x.dtype(), o.dtype()),
     }
@@ -412,6 +583,12 @@ pub fn argmax(x: &Data, shape: &[usize], dim: usize, out: &mut Data) {
     }
     let dims = (outer, n, inner);
     match x {
+        Data::F32(v) if inner == 1 && n > 0 => {
+            // Contiguous rows: the row's maximum (vectorised), then its first position
+            // (the first NaN when the maximum is NaN; `==` finds -0 and +0 alike, as the
+            // reference's `>` scan does).
+            for_rows(v, n, o, |row, o| *o = argmax_row(row) as i32);
+        }
         Data::F32(v) => run(v, o, dims, f32::is_nan),
         Data::F64(v) => run(v, o, dims, f64::is_nan),
         Data::BF16(v) => run(v, o, dims, |a: bf16| a.is_nan()),
