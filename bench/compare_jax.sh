@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Step time and compile time of the GShard MoE layer (forward + backward): ours
 # (`gshard bench moe-layer --json`) against JAX/XLA (`step_time.py` of the JAX anchor), run
-# back to back, alternating, for several rounds, at 1 and 8 devices, on the shape
-# G=128 S=128 E=128 M=256 H=1024 C=2 and a smaller one. Prints one JSON line per run and a
-# table of medians with the ratios ours/JAX (step time; partition+prepare vs lower+compile).
+# back to back, alternating (who goes first alternates by round), for several rounds, at 1
+# and 8 devices, on the shape G=128 S=128 E=128 M=256 H=1024 C=2 and a smaller one.
+# Prints one JSON line per run and a table of medians with the ratios ours/JAX (step time;
+# partition+prepare vs lower+compile), and the median (and range) of each round's own ratio.
 #
 # Usage: bench/compare_jax.sh [ANCHOR_DIR]     (run from anywhere; builds target/release)
 #   ANCHOR_DIR or $JAX_ANCHOR: the JAX harness (default: ../shared/anchors/jax relative to
@@ -59,7 +60,11 @@ for round in $(seq 1 "$rounds"); do
     for shape in $shapes; do
         for d in $devices; do
             args=$(shape_args "$shape")
-            for who in ours jax; do
+            # Who goes first alternates by round (ABBA), so a drift in the machine's speed
+            # does not favour either side.
+            order="ours jax"
+            [ $((round % 2)) -eq 0 ] && order="jax ours"
+            for who in $order; do
                 load=$(wait_quiet)
                 if [ "$who" = ours ]; then
                     # shellcheck disable=SC2086
@@ -84,8 +89,8 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 keys = sorted({(r["shape"], r["devices"]) for r in rows}, key=lambda k: (k[0] != "large", k[1]))
 print()
-print("| shape | devices | ours step s | JAX step s | step ours/JAX | ours GFLOP/s | ours partition+prepare s | JAX lower+compile s | compile ours/JAX | ours peak MiB/device | ours a2a bytes (analytic) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| shape | devices | ours step s | JAX step s | step ours/JAX | paired ours/JAX (range) | ours GFLOP/s | ours partition+prepare s | JAX lower+compile s | compile ours/JAX | ours peak MiB/device | ours a2a bytes (analytic) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for shape, d in keys:
     o = [r for r in rows if r["shape"] == shape and r["devices"] == d and r["who"] == "ours"]
     j = [r for r in rows if r["shape"] == shape and r["devices"] == d and r["who"] == "jax"]
@@ -93,7 +98,11 @@ for shape, d in keys:
     os_, js = med(o, "step_seconds"), med(j, "step_seconds")
     oc, jc = med(o, "compile_seconds"), med(j, "compile_seconds")
     raw = o[-1]["raw"]
-    print(f"| {shape} | {d} | {os_:.3f} | {js:.3f} | {os_/js:.2f} | {statistics.median(x['raw']['gflops'] for x in o):.1f} | "
+    # Each round's ratio (the two runs were back to back), then their median.
+    jr = {x["round"]: x["step_seconds"] for x in j}
+    pr = sorted(x["step_seconds"] / jr[x["round"]] for x in o if x["round"] in jr)
+    print(f"| {shape} | {d} | {os_:.3f} | {js:.3f} | {os_/js:.2f} | {statistics.median(pr):.2f} ({pr[0]:.2f}-{pr[-1]:.2f}) | "
+          f"{statistics.median(x['raw']['gflops'] for x in o):.1f} | "
           f"{oc:.4f} | {jc:.3f} | {oc/jc:.4f} | {raw['peak_bytes_per_device']/2**20:.0f} | "
           f"{raw['all_to_all_bytes']} ({raw['all_to_all_bytes_analytic']}) |")
 EOF
