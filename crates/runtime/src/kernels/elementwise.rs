@@ -1246,30 +1246,12 @@ fn run_range<T: Store>(
     inplace: Option<usize>,
     pre: Option<&[f32]>,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected just above.
-        return unsafe { run_range_avx2(f, inputs, start, out, inplace, pre) };
-    }
-    run_range_impl(f, inputs, start, out, inplace, pre)
-}
-
-/// [`run_range_impl`] compiled for AVX2: the per-chunk loops (all inlined into it) work on
-/// eight lanes at a time. Same operations in the same order, so the same values.
-///
-/// # Safety
-/// The CPU supports AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn run_range_avx2<T: Store>(
-    f: &Fused,
-    inputs: &[&Data],
-    start: usize,
-    out: &mut [T],
-    inplace: Option<usize>,
-    pre: Option<&[f32]>,
-) {
-    run_range_impl(f, inputs, start, out, inplace, pre)
+    // Compiled a second time for AVX2 (the per-chunk loops, all inlined, work on eight lanes
+    // at a time): the same operations in the same order, so the same values.
+    super::with_avx2(
+        #[inline(always)]
+        || run_range_impl(f, inputs, start, out, inplace, pre),
+    )
 }
 
 #[inline(always)]
