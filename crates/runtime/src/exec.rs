@@ -753,8 +753,8 @@ fn fuse_dot_epilogues(p: &Program, steps: &mut Vec<Step>) {
 /// early as it could run put all of a training step's gradient all-reduces in one round
 /// and raised its peak a fifth, though the MoE layer ran ~7 % faster at 8 devices). The
 /// MoE layer's eleven collectives (four all-to-alls, six scalar all-reduces, the gating
-/// weight's gradient) meet in five rounds. Every process orders the same program the same way, so ranks still
-/// issue their collectives in one order.
+/// weight's gradient) meet in five rounds. Every process orders the same program the same
+/// way, so ranks still issue their collectives in one order.
 fn coalesce_collectives(p: &Program, steps: Vec<Step>) -> Vec<Step> {
     use std::collections::{HashSet, VecDeque};
     let small = |s: &Step| p.instrs[s.reads[0]].ty.num_elements() < SMALL_COLLECTIVE;

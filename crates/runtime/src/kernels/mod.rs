@@ -38,11 +38,11 @@ use ir::DType;
 /// Element counts above which a kernel splits its work over the rayon pool.
 pub const PAR_MIN: usize = 1 << 16;
 
-/// Run `f` compiled for AVX2 when the CPU has it (detected once), otherwise as is.
+/// Run `f` compiled for AVX2 when the CPU has it, otherwise as is.
 ///
 /// The project builds for the baseline x86-64 target, where the compiler vectorises with
 /// SSE2 only (no 8-lane float or i32 min/max, blends or gathers). Loops written for the
-/// auto-vectoriser (reductions, argmax, the sparse products) are called through this: `f`
+/// auto-vectoriser (fused groups, reductions, argmax, the sparse products) are called through this: `f`
 /// and everything it calls that is `#[inline(always)]` are inlined into a function built
 /// with AVX2 enabled (callers mark the closure `#[inline(always)]`: a closure left out of
 /// line would be compiled for the baseline). The same operations in the same order run
@@ -63,13 +63,11 @@ pub fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Whether this CPU has AVX2 (detected once).
+/// Whether this CPU has AVX2 (std caches the detection: one atomic load).
 #[cfg(target_arch = "x86_64")]
 #[inline]
-pub fn has_avx2() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+fn has_avx2() -> bool {
+    std::is_x86_feature_detected!("avx2")
 }
 
 /// `match` over the five [`Data`] variants binding the vector as `$v`; `$body` must be

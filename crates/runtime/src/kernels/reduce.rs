@@ -7,9 +7,13 @@
 //! overlap, each still in its row's order). For every
 //! output element the terms are therefore added in row-major order of the reduced dims, the
 //! reference's order. Float sums accumulate in f64 and round once (bit-identical to the
-//! reference); i32 sums wrap; max/min propagate NaN and order `-0 < +0` (f32 max/min are
-//! folded in f32: exact in any order, the same values as the reference's f64 fold). When
-//! the outermost run is kept, it is split over the rayon pool.
+//! reference); i32 sums wrap; max/min propagate NaN and order `-0 < +0`. Operations whose
+//! result does not depend on the order (f32 max/min: exact in any order; i32 wrapping sums,
+//! max, min) fold each contiguous row in vector lanes instead (f32 through integer order
+//! keys beside a NaN flag), and otherwise f32 max/min fold in f32. `argmax` of contiguous
+//! rows takes the row's maximum, then its first match. When the outermost run is kept (or
+//! the rows are many), the work is split over the rayon pool; the loops run in their AVX2
+//! build ([`super::with_avx2`]).
 
 use super::{with_avx2, PAR_MIN};
 use crate::tensor::{f64_to_bf16, Data};
@@ -197,15 +201,8 @@ fn unkey(k: i32) -> f32 {
 /// Max (or min) of `x` and `init` with the reference's rules: integer max/min of order keys
 /// in [`LANES`] interleaved lanes (vectorised) with a NaN flag beside them. Max and min do
 /// not depend on the order, so this equals the reference's sequential fold.
-fn extreme(x: &[f32], init: f32, max: bool) -> f32 {
-    with_avx2(
-        #[inline(always)]
-        || extreme_impl(x, init, max),
-    )
-}
-
 #[inline(always)]
-fn extreme_impl(x: &[f32], init: f32, max: bool) -> f32 {
+fn extreme(x: &[f32], init: f32, max: bool) -> f32 {
     let pick = |a: i32, b: i32| if max { a.max(b) } else { a.min(b) };
     let mut lanes = [key(init); LANES];
     let mut nan = [false; LANES];
@@ -235,39 +232,28 @@ fn extreme_impl(x: &[f32], init: f32, max: bool) -> f32 {
 
 /// `init` folded with every element of `x` by `f`, an associative and commutative i32
 /// operation (wrapping add, max, min), in [`LANES`] interleaved lanes (vectorised).
+#[inline(always)]
 fn fold_i32(x: &[i32], init: i32, f: impl Fn(i32, i32) -> i32 + Copy) -> i32 {
-    with_avx2(
-        #[inline(always)]
-        || {
-            let mut it = x.chunks_exact(LANES);
-            let mut lanes: [i32; LANES] = match it.next() {
-                Some(c) => std::array::from_fn(|q| c[q]),
-                None => return it.remainder().iter().fold(init, |a, &v| f(a, v)),
-            };
-            for c in &mut it {
-                for q in 0..LANES {
-                    lanes[q] = f(lanes[q], c[q]);
-                }
-            }
-            let r = lanes.iter().fold(init, |a, &v| f(a, v));
-            it.remainder().iter().fold(r, |a, &v| f(a, v))
-        },
-    )
+    let mut it = x.chunks_exact(LANES);
+    let mut lanes: [i32; LANES] = match it.next() {
+        Some(c) => std::array::from_fn(|q| c[q]),
+        None => return it.remainder().iter().fold(init, |a, &v| f(a, v)),
+    };
+    for c in &mut it {
+        for q in 0..LANES {
+            lanes[q] = f(lanes[q], c[q]);
+        }
+    }
+    let r = lanes.iter().fold(init, |a, &v| f(a, v));
+    it.remainder().iter().fold(r, |a, &v| f(a, v))
 }
 
 /// The index of the first maximum of a non-empty row (the first NaN when there is one):
 /// [`extreme`], then the first position equal to it (`==` finds -0 and +0 alike, as the
 /// reference's `>` scan does), eight lanes per test.
-fn argmax_row(x: &[f32]) -> usize {
-    with_avx2(
-        #[inline(always)]
-        || argmax_row_impl(x),
-    )
-}
-
 #[inline(always)]
-fn argmax_row_impl(x: &[f32]) -> usize {
-    let m = extreme_impl(x, f32::NEG_INFINITY, true);
+fn argmax_row(x: &[f32]) -> usize {
+    let m = extreme(x, f32::NEG_INFINITY, true);
     let hit = |v: f32| if m.is_nan() { v.is_nan() } else { v == m };
     let mut it = x.chunks_exact(LANES);
     for (c, xs) in (&mut it).enumerate() {
@@ -287,7 +273,8 @@ fn argmax_row_impl(x: &[f32]) -> usize {
 }
 
 /// Apply `each(row, out)` to every contiguous row of `n` values of `src` and its output,
-/// split over the pool when the input is large.
+/// split over the pool when the input is large. Each chunk of rows runs in the AVX2 build
+/// ([`with_avx2`]; callers mark `each` `#[inline(always)]` so it is compiled into it).
 fn for_rows<T: Sync, O: Send>(
     src: &[T],
     n: usize,
@@ -298,9 +285,14 @@ fn for_rows<T: Sync, O: Send>(
         return;
     }
     let rows = |src: &[T], out: &mut [O]| {
-        for (o, x) in out.iter_mut().zip(src.chunks_exact(n)) {
-            each(x, o);
-        }
+        with_avx2(
+            #[inline(always)]
+            || {
+                for (o, x) in out.iter_mut().zip(src.chunks_exact(n)) {
+                    each(x, o);
+                }
+            },
+        )
     };
     if src.len() >= PAR_MIN && out.len() >= 2 {
         let threads = rayon::current_num_threads().max(1);
@@ -364,8 +356,20 @@ pub fn reduce(x: &Data, shape: &[usize], op: ReduceOp, dims: &[usize], out: &mut
             // f32 lanes, no f64 round trip.
             o.fill(init as f32);
             match (op, row_fold(&runs)) {
-                (ReduceOp::Max, Some(n)) => for_rows(v, n, o, |x, o| *o = extreme(x, *o, true)),
-                (ReduceOp::Min, Some(n)) => for_rows(v, n, o, |x, o| *o = extreme(x, *o, false)),
+                (ReduceOp::Max, Some(n)) => for_rows(
+                    v,
+                    n,
+                    o,
+                    #[inline(always)]
+                    |x, o| *o = extreme(x, *o, true),
+                ),
+                (ReduceOp::Min, Some(n)) => for_rows(
+                    v,
+                    n,
+                    o,
+                    #[inline(always)]
+                    |x, o| *o = extreme(x, *o, false),
+                ),
                 (ReduceOp::Max, None) => reduce_acc(v, &runs, o, fmax32),
                 _ => reduce_acc(v, &runs, o, fmin32),
             }
@@ -397,11 +401,27 @@ pub fn reduce(x: &Data, shape: &[usize], op: ReduceOp, dims: &[usize], out: &mut
             // fold in vector lanes.
             if let Some(n) = row_fold(&runs) {
                 match op {
-                    ReduceOp::Sum => {
-                        for_rows(v, n, o, |x, o| *o = fold_i32(x, *o, i32::wrapping_add))
-                    }
-                    ReduceOp::Max => for_rows(v, n, o, |x, o| *o = fold_i32(x, *o, std::cmp::max)),
-                    ReduceOp::Min => for_rows(v, n, o, |x, o| *o = fold_i32(x, *o, std::cmp::min)),
+                    ReduceOp::Sum => for_rows(
+                        v,
+                        n,
+                        o,
+                        #[inline(always)]
+                        |x, o| *o = fold_i32(x, *o, i32::wrapping_add),
+                    ),
+                    ReduceOp::Max => for_rows(
+                        v,
+                        n,
+                        o,
+                        #[inline(always)]
+                        |x, o| *o = fold_i32(x, *o, std::cmp::max),
+                    ),
+                    ReduceOp::Min => for_rows(
+                        v,
+                        n,
+                        o,
+                        #[inline(always)]
+                        |x, o| *o = fold_i32(x, *o, std::cmp::min),
+                    ),
                 }
                 return;
             }
@@ -587,7 +607,13 @@ pub fn argmax(x: &Data, shape: &[usize], dim: usize, out: &mut Data) {
             // Contiguous rows: the row's maximum (vectorised), then its first position
             // (the first NaN when the maximum is NaN; `==` finds -0 and +0 alike, as the
             // reference's `>` scan does).
-            for_rows(v, n, o, |row, o| *o = argmax_row(row) as i32);
+            for_rows(
+                v,
+                n,
+                o,
+                #[inline(always)]
+                |row, o| *o = argmax_row(row) as i32,
+            );
         }
         Data::F32(v) => run(v, o, dims, f32::is_nan),
         Data::F64(v) => run(v, o, dims, f64::is_nan),
