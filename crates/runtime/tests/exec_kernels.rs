@@ -1638,3 +1638,95 @@ fn masked_dots_summed_over_part_of_their_columns_keep_the_product() {
         assert!((a - w).abs() <= 1e-5 * (1.0 + w.abs()), "{a} vs {w}");
     }
 }
+
+/// An expert FFN's down-projection reads a ReLU output, and the input gradient reads the
+/// ReLU-masked gradient: row-major lhs operands about half zeros. Where the CPU has AVX-512
+/// their GEMMs take the row-sparse path, which must give the dense GEMM's bits (NaN in the
+/// lhs, an inf in the rhs, contractions over two `KC` blocks and under one column group
+/// included) and match the reference within the contraction tolerance.
+#[test]
+fn relu_sparse_dots_give_the_dense_bits() {
+    use runtime::kernels::sgemm;
+    let (e, t, m, h) = (2, 96, 64, 320);
+    let ty = |d: &[usize]| Type::new(DType::F32, d.to_vec());
+    let batched = |lc: usize, rc: usize| DotDims {
+        lhs_batch: vec![0],
+        rhs_batch: vec![0],
+        lhs_contract: vec![lc],
+        rhs_contract: vec![rc],
+    };
+    let build = |abs: bool| {
+        let b = Builder::new();
+        let act = b.param("act", ty(&[e, t, h]));
+        let gm = b.param("gm", ty(&[e, t, h]));
+        let v = b.param("v", ty(&[e, h, m]));
+        let w = b.param("w", ty(&[e, m, h]));
+        let f = |x: &ir::Value| if abs { x.abs() } else { x.clone() };
+        // y = act · v (the down-projection), dx = gm · w^T (the input gradient).
+        b.output("y", &f(&act).dot_general(&f(&v), batched(2, 1)));
+        b.output("dx", &f(&gm).dot_general(&f(&w), batched(2, 2)));
+        b.finish()
+    };
+    let p = build(false);
+    let mut rng = Rng(23);
+    let half_zero = |rng: &mut Rng, n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                if rng.below(2) == 0 {
+                    0.0
+                } else {
+                    rng.unit() * 2.0 - 1.0
+                }
+            })
+            .collect()
+    };
+    let mut act = half_zero(&mut rng, e * t * h);
+    act[7 * h + 3] = f64::NAN;
+    let gm = half_zero(&mut rng, e * t * h);
+    let mut v: Vec<f64> = (0..e * h * m).map(|_| rng.unit() - 0.5).collect();
+    // In the second batch entry's last block of steps: that block is multiplied densely.
+    v[(h + h - 2) * m + 5] = f64::INFINITY;
+    let w: Vec<f64> = (0..e * m * h).map(|_| rng.unit() - 0.5).collect();
+    let ins: HashMap<String, HostTensor> = [
+        ("act", ty(&[e, t, h]), act),
+        ("gm", ty(&[e, t, h]), gm),
+        ("v", ty(&[e, h, m]), v),
+        ("w", ty(&[e, m, h]), w),
+    ]
+    .into_iter()
+    .map(|(n, ty, vals)| (n.to_string(), HostTensor::from_f64_values(ty, &vals)))
+    .collect();
+    let run = |sparse: bool| {
+        sgemm::set_sparse_a(sparse);
+        let before = sgemm::sparse_blocks_run();
+        let out = Executable::new(&p)
+            .unwrap()
+            .run(&InProcess::new(1), std::slice::from_ref(&ins), None)
+            .unwrap()
+            .outputs
+            .remove(0);
+        sgemm::set_sparse_a(true);
+        (out, sgemm::sparse_blocks_run() - before)
+    };
+    let (dense, _) = run(false);
+    let (sparse, blocks) = run(true);
+    if sgemm::sparse_available() {
+        assert!(blocks > 0, "the row-sparse path did not run");
+    } else {
+        eprintln!("note: no AVX-512F here, so both runs took the dense GEMM");
+    }
+    for name in ["y", "dx"] {
+        let (d, s) = (dense[name].to_f64_vec(), sparse[name].to_f64_vec());
+        for (i, (a, b)) in d.iter().zip(&s).enumerate() {
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "{name}[{i}]: dense {a:e} vs row-sparse {b:e}"
+            );
+        }
+    }
+    let want = runtime::run(&p, &ins).unwrap();
+    let bound = runtime::run(&build(true), &ins).unwrap();
+    for name in ["y", "dx"] {
+        assert_bounded(name, &sparse[name], &want[name], &bound[name], 1e-5, 1e-6);
+    }
+}

@@ -17,6 +17,9 @@
 //! that and the ~90 % the issue asks for (figures in `benches/kernels.rs` and the README).
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+mod sparse;
 
 /// Rows of the micro-kernel tile.
 pub const MR: usize = 6;
@@ -112,7 +115,30 @@ impl Scratch {
 }
 
 thread_local! {
-    static PACK: RefCell<(Scratch, Scratch)> = RefCell::new(Default::default());
+    /// Packed `A`, packed `B`, and the row-sparse path's partial sums.
+    static PACK: RefCell<(Scratch, Scratch, Scratch)> = RefCell::new(Default::default());
+}
+
+/// Whether a row-major `A` that is mostly zeros (a ReLU output or its masked gradient) may
+/// take the row-sparse path ([`sparse`]); on by default. Both paths give the same bits, so
+/// this only exists to compare them (tests, benches).
+static SPARSE_A: AtomicBool = AtomicBool::new(true);
+
+/// Allow (`true`, the default) or forbid the row-sparse path for mostly-zero `A` operands.
+/// The values do not depend on it (tests check that bit for bit); benches compare speeds.
+pub fn set_sparse_a(on: bool) {
+    SPARSE_A.store(on, Ordering::Relaxed);
+}
+
+/// Blocks multiplied on the row-sparse path so far in this process (`0` where the CPU has
+/// no AVX-512): tests use it to see that the path ran.
+pub fn sparse_blocks_run() -> usize {
+    sparse::blocks_run()
+}
+
+/// Whether this CPU can take the row-sparse path (AVX-512F as well as AVX2 and FMA).
+pub fn sparse_available() -> bool {
+    available() && sparse::available()
 }
 
 /// `C[i, j] = sum_k A[i, k] * B[k, j]` for an `m x k` `A`, `k x n` `B` and `m x n` `C`
@@ -154,6 +180,25 @@ pub unsafe fn sgemm_ahead(
     c: MatMut,
     ahead: &[(*const f32, usize)],
 ) {
+    // SAFETY: the caller's contract.
+    unsafe { sgemm_impl(m, n, k, a, b, c, ahead, SPARSE_A.load(Ordering::Relaxed)) }
+}
+
+/// [`sgemm_ahead`], the row-sparse path allowed or not (`allow_sparse`).
+///
+/// # Safety
+/// As [`sgemm_ahead`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn sgemm_impl(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef,
+    b: MatRef,
+    c: MatMut,
+    ahead: &[(*const f32, usize)],
+    allow_sparse: bool,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -175,7 +220,7 @@ pub unsafe fn sgemm_ahead(
             cols: std::ptr::null(),
         };
         // SAFETY: the same elements, addressed with swapped strides.
-        return unsafe { sgemm_ahead(n, m, k, t(b), t(a), ct, ahead) };
+        return unsafe { sgemm_impl(n, m, k, t(b), t(a), ct, ahead, allow_sparse) };
     }
     // SAFETY (whole body): every offset below is `i*rs + j*cs` with `i`, `j` inside the
     // operand's shape, which the caller's contract makes addressable.
@@ -236,23 +281,58 @@ pub unsafe fn sgemm_ahead(
             }
             return;
         }
+        // A row-major A whose rows are mostly zeros (a ReLU output, its masked gradient)
+        // is multiplied by its non-zeros only, where the CPU has AVX-512 and the GEMM is
+        // large enough to pay for the compression (see `sparse`).
+        let sparse_a = allow_sparse
+            && a.cs == 1
+            && c.cs == 1
+            && c.cols.is_null()
+            && live.len() >= MR
+            && n >= NR
+            && live.len() * n * ks.len() >= 1 << 18
+            && ks[ks.len() - 1] - ks[0] == ks.len() - 1
+            && sparse::available()
+            && sparse::worth(&live, ks.len(), |i| a.ptr.add(i * a.rs + ks[0]));
         PACK.with(|cell| {
             let mut bufs = cell.borrow_mut();
-            let (sa, sb) = &mut *bufs;
+            let (sa, sb, st) = &mut *bufs;
             let pa = sa.get(MC.div_ceil(MR) * MR * KC);
             let pb = sb.get(NC.div_ceil(NR) * NR * KC);
-            // A few lines of the spans ahead per micro-tile, spread over the whole call.
-            let tiles = n.div_ceil(NR) * live.len().div_ceil(MR) * ks.len().div_ceil(KC);
+            let tmp = if sparse_a && ks.len() > KC {
+                st.get(live.len() * n.min(NC))
+            } else {
+                st.get(0)
+            };
+            // A few lines of the spans ahead per micro-tile (or sparse row and slice),
+            // spread over the whole call.
+            let tiles = if sparse_a {
+                n.div_ceil(sparse::GROUP) * live.len() * ks.len().div_ceil(sparse::SLICE)
+            } else {
+                n.div_ceil(NR) * live.len().div_ceil(MR) * ks.len().div_ceil(KC)
+            };
             let mut fetch = Fetch::new(ahead, tiles);
-            blocked(n, &ks, &live, &dead, a, b, c, pa, pb, &mut fetch);
+            let bufs = Bufs { pa, pb, tmp };
+            blocked(n, &ks, &live, &dead, a, b, c, bufs, sparse_a, &mut fetch);
         });
     }
 }
 
-/// The blocked loop nest over the live rows `live` and steps `ks` (see [`sgemm`]).
+/// The per-thread scratch of one call: packed `A`, packed `B`, and the row-sparse path's
+/// partial sums (`live * min(n, NC)` floats when `ks` spans several `KC` blocks).
+struct Bufs<'a> {
+    pa: &'a mut [f32],
+    pb: &'a mut [f32],
+    tmp: &'a mut [f32],
+}
+
+/// The blocked loop nest over the live rows `live` and steps `ks` (see [`sgemm`]); with
+/// `sparse_a`, each block whose `A` is read in place and whose packed `B` is finite takes
+/// the row-sparse path (the same values).
 ///
 /// # Safety
-/// As [`sgemm`]; `live`, `dead` and `ks` index inside A's rows and columns.
+/// As [`sgemm`]; `live`, `dead` and `ks` index inside A's rows and columns; `sparse_a`
+/// only with [`sparse::available`], `c.cs == 1` and no column table.
 #[allow(clippy::too_many_arguments)]
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
 unsafe fn blocked(
@@ -263,10 +343,11 @@ unsafe fn blocked(
     a: MatRef,
     b: MatRef,
     c: MatMut,
-    pa: &mut [f32],
-    pb: &mut [f32],
+    bufs: Bufs,
+    sparse_a: bool,
     fetch: &mut Fetch,
 ) {
+    let Bufs { pa, pb, tmp } = bufs;
     let kk = ks.len();
     // SAFETY (whole body): offsets stay inside the operands by the caller's contract.
     unsafe {
@@ -275,12 +356,29 @@ unsafe fn blocked(
             for pc in (0..kk).step_by(KC) {
                 let kc = KC.min(kk - pc);
                 let kidx = &ks[pc..pc + kc];
-                // Finiteness only matters when there are dead rows to multiply or not.
-                let check = !dead.is_empty();
-                let finite = pack_b(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb, check);
                 // A row-major A over consecutive steps is read in place, row by row (its
                 // block stays in L2 like a packed one); otherwise it is packed.
                 let direct = a.cs == 1 && kidx[kc - 1] - kidx[0] == kc - 1;
+                // The row-sparse path packs B in its own layout and needs it finite (it
+                // leaves out `0 * b`); a non-finite block is multiplied densely.
+                if sparse_a && direct && pack_rows(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb) {
+                    // Dead rows are zeros already (B is finite).
+                    sparse::block(
+                        live,
+                        kc,
+                        nc,
+                        |i| a.ptr.add(i * a.rs + kidx[0]),
+                        pb.as_ptr(),
+                        |i| c.row(i).add(jc),
+                        pc == 0,
+                        tmp,
+                        || fetch.next(),
+                    );
+                    continue;
+                }
+                // Finiteness only matters when there are dead rows to multiply or not.
+                let check = !dead.is_empty();
+                let finite = pack_b(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb, check);
                 // Dead rows (already zero) are multiplied only against a non-finite
                 // block, accumulating, exactly as the dense product would.
                 let sets: [(&[usize], bool); 2] =
@@ -534,7 +632,7 @@ unsafe fn pack_b(
             let at = src.map(|p| p.wrapping_add(k0));
             // SAFETY: each column holds `kc` readable floats from step `k0`; the panel
             // holds `kc * NR`.
-            finite &= unsafe { avx2::pack_columns(kc, &at, panel.as_mut_ptr(), check) };
+            finite &= unsafe { avx2::pack_columns(kc, &at, panel.as_mut_ptr(), NR, check) };
             continue;
         }
         for (kk, &k) in kidx.iter().enumerate() {
@@ -545,6 +643,68 @@ unsafe fn pack_b(
             }
             if check {
                 finite &= o.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
+            }
+        }
+    }
+    finite
+}
+
+/// Pack steps `kidx` of an `? x nc` block of B for the row-sparse path ([`sparse`]): in
+/// groups of [`sparse::GROUP`] columns, each group's rows `GROUP` floats apart and
+/// contiguous (group `g`, step `k`, column `j` at `dst[g*GROUP*kc + k*GROUP + j]`, columns
+/// past `nc` zero), so that a slice of steps of one group is one compact block in L1 (the
+/// `NR`-wide panels of [`pack_b`] put a step's columns 16 KiB apart, all in one L1 set).
+/// Returns whether every packed element is finite.
+///
+/// # Safety
+/// Every `b[k*rs + j*cs]` for `k` in `kidx`, `j < nc` is readable; `dst` holds
+/// `nc.div_ceil(GROUP) * GROUP * kidx.len()` floats, 64-byte aligned.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn pack_rows(
+    kidx: &[usize],
+    nc: usize,
+    b: *const f32,
+    rs: usize,
+    cs: usize,
+    dst: &mut [f32],
+) -> bool {
+    const G: usize = sparse::GROUP;
+    let kc = kidx.len();
+    let mut finite = true;
+    let run = kidx[kc - 1] - kidx[0] == kc - 1;
+    for g0 in (0..nc).step_by(G) {
+        let cols = G.min(nc - g0);
+        let grp = &mut dst[g0 * kc..(g0 + G) * kc];
+        if cols < G {
+            grp.fill(0.0);
+        }
+        if cs == 1 {
+            for (kk, &k) in kidx.iter().enumerate() {
+                // SAFETY: `cols` contiguous elements of row `k` from column `g0`.
+                let src = unsafe { std::slice::from_raw_parts(b.add(k * rs + g0), cols) };
+                finite &= src.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
+                grp[kk * G..kk * G + cols].copy_from_slice(src);
+            }
+            continue;
+        }
+        for j0 in (0..cols).step_by(NR) {
+            #[cfg(target_arch = "x86_64")]
+            if rs == 1 && run && j0 + NR <= cols {
+                // Contiguous columns over consecutive steps: 8 x 8 register transposes.
+                let at: [*const f32; NR] =
+                    std::array::from_fn(|j| b.wrapping_add((g0 + j0 + j) * cs + kidx[0]));
+                // SAFETY: each column holds `kc` readable floats from step `kidx[0]`; the
+                // writes stay in this group's `kc` rows of `G` floats.
+                finite &= unsafe { avx2::pack_columns(kc, &at, grp[j0..].as_mut_ptr(), G, true) };
+                continue;
+            }
+            for (kk, &k) in kidx.iter().enumerate() {
+                for j in j0..cols.min(j0 + NR) {
+                    // SAFETY: element `(k, g0 + j)` with `k` in `kidx`, `g0 + j < nc`.
+                    let x = unsafe { *b.add(k * rs + (g0 + j) * cs) };
+                    finite &= x * 0.0 == 0.0;
+                    grp[kk * G + j] = x;
+                }
             }
         }
     }
@@ -786,6 +946,7 @@ mod avx2 {
         kc: usize,
         col: &[*const f32; NR],
         dst: *mut f32,
+        ld: usize,
         check: bool,
     ) -> bool {
         // `x * 0` is NaN exactly for a non-finite `x`, and a NaN survives the sum.
@@ -805,7 +966,7 @@ mod avx2 {
                         }
                     }
                     for (t, v) in transpose8(rows).into_iter().enumerate() {
-                        _mm256_store_ps(dst.add((kk + t) * NR + half * 8), v);
+                        _mm256_store_ps(dst.add((kk + t) * ld + half * 8), v);
                     }
                 }
                 kk += 8;
@@ -815,7 +976,7 @@ mod avx2 {
                 for (j, c) in col.iter().enumerate() {
                     let x = *c.add(k);
                     finite &= x * 0.0 == 0.0;
-                    *dst.add(k * NR + j) = x;
+                    *dst.add(k * ld + j) = x;
                 }
             }
             finite
@@ -969,5 +1130,96 @@ mod tests {
         let mut a3 = a.clone();
         a3[4 * k + 1] = f32::NAN;
         check(m, n, k, &a3, &b);
+    }
+
+    /// The row-sparse path gives the dense kernel's bits: ReLU-like `A` (half zeros), `k`
+    /// over one and several `KC` blocks, `n` under, at and over a 128-column group and not a
+    /// multiple of 16, dead rows, a NaN and an inf in `A`, a non-finite `B` block (which is
+    /// multiplied densely), and a row table for `C`.
+    #[test]
+    fn row_sparse_path_is_bitwise_the_dense_product() {
+        if !sparse_available() {
+            eprintln!("skipped: no AVX-512F (the row-sparse path is not used here)");
+            return;
+        }
+        let relu = |len: usize, seed: usize| -> Vec<f32> {
+            values(len, seed)
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| {
+                    if (i * 2654435761) % 7 < 3 {
+                        x.max(0.0)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        };
+        for &(m, n, k) in &[
+            (64, 128, 512),
+            (70, 33, 300),
+            (40, 200, 129),
+            (13, 300, 600),
+            (128, 16, 256),
+        ] {
+            let mut a = relu(m * k, 5);
+            let b: Vec<f32> = values(k * n, 6).iter().map(|x| x * 0.37 + 0.01).collect();
+            for i in (0..m).step_by(5) {
+                a[i * k..(i + 1) * k].fill(0.0);
+            }
+            a[k + 3] = f32::NAN;
+            a[3 * k + k - 1] = f32::INFINITY;
+            let mut b_inf = b.clone();
+            b_inf[(k - 1) * n + n / 2] = f32::INFINITY;
+            for bb in [&b, &b_inf] {
+                // C rows at their own offsets (reversed), as a fused output transpose.
+                let table: Vec<usize> = (0..m).map(|i| (m - 1 - i) * n).collect();
+                for rows in [None, Some(&table)] {
+                    let run = |sparse: bool| {
+                        let mut c = vec![f32::NAN; m * n];
+                        let cm = MatMut {
+                            ptr: c.as_mut_ptr(),
+                            rs: n,
+                            cs: 1,
+                            rows: rows.map_or(std::ptr::null(), |t| t.as_ptr()),
+                            cols: std::ptr::null(),
+                        };
+                        let ar = MatRef {
+                            ptr: a.as_ptr(),
+                            rs: k,
+                            cs: 1,
+                        };
+                        let br = MatRef {
+                            ptr: bb.as_ptr(),
+                            rs: n,
+                            cs: 1,
+                        };
+                        let before = sparse::THREAD_BLOCKS.with(|b| b.get());
+                        // SAFETY: AVX2 checked above; the strides address exactly the vectors.
+                        unsafe { sgemm_impl(m, n, k, ar, br, cm, &[], sparse) };
+                        (c, sparse::THREAD_BLOCKS.with(|b| b.get()) - before)
+                    };
+                    let (dense, none) = run(false);
+                    let (sparse, blocks) = run(true);
+                    assert_eq!(none, 0);
+                    // (A non-finite B block is multiplied densely; the last block has the inf.)
+                    if k > KC || std::ptr::eq(bb, &b) {
+                        assert!(blocks > 0, "{m}x{n}x{k}: the row-sparse path did not run");
+                    }
+                    for (x, (d, s)) in dense.iter().zip(&sparse).enumerate() {
+                        assert!(
+                            d.to_bits() == s.to_bits() || (d.is_nan() && s.is_nan()),
+                            "{m}x{n}x{k} element {x}: dense {d} sparse {s}"
+                        );
+                    }
+                    if rows.is_none() {
+                        let want = naive(m, n, k, &a, bb);
+                        for (x, (&g, &w)) in sparse.iter().zip(&want).enumerate() {
+                            assert!(close(g, w), "{m}x{n}x{k} element {x}: {g} vs {w}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }
