@@ -199,6 +199,40 @@ fn bench_gemm(c: &mut Criterion) {
             });
         }
     }
+    // The down-projection of the small shape's expert (128x512x128) on a ReLU output (half
+    // of A zero), dense against row-sparse (AVX-512 only; the same bits).
+    if runtime::kernels::sgemm::sparse_available() {
+        use runtime::kernels::sgemm::{set_sparse_a, sgemm, MatMut, MatRef};
+        let (m, n, k) = (128, 128, 512);
+        let a: Vec<f32> = data(m * k, 4).iter().map(|x| x.max(0.0)).collect();
+        let bm = data(k * n, 5);
+        let mut cm = vec![0.0f32; m * n];
+        g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+        for (name, on) in [
+            ("relu_sgemm_128x512x128/dense", false),
+            ("relu_sgemm_128x512x128/row_sparse", true),
+        ] {
+            g.bench_function(name, |bch| {
+                set_sparse_a(on);
+                bch.iter(|| {
+                    let ar = MatRef {
+                        ptr: a.as_ptr(),
+                        rs: k,
+                        cs: 1,
+                    };
+                    let br = MatRef {
+                        ptr: bm.as_ptr(),
+                        rs: n,
+                        cs: 1,
+                    };
+                    let cw = MatMut::strided(cm.as_mut_ptr(), n, 1);
+                    // SAFETY: AVX2 checked above; the strides address exactly the buffers.
+                    unsafe { sgemm(m, n, k, ar, br, cw) }
+                });
+                set_sparse_a(true);
+            });
+        }
+    }
     // The one-hot dispatch einsum GSEC,GSM->GECM (sparse lhs path), G=16 S=128 E=32 C=8 M=256.
     let (gg, s, e, cc, m) = (16usize, 128, 32, 8, 256);
     let mut comb = vec![0.0f32; gg * s * e * cc];

@@ -8,7 +8,8 @@
 //! - [`dot`]: dot-general normalised to batched `[B,M,K] x [B,K,N]` GEMMs on [`sgemm`] (our
 //!   AVX2/FMA micro-kernel for f32, skipping all-zero rows exactly) or the `gemm` crate
 //!   (strides where the dims merge, a cache-friendly permuted copy where they do not), the
-//!   batch split over the rayon pool, and a sparse path for one-hot-ish operands.
+//!   batch split over the rayon pool, a sparse path for one-hot-ish operands, and a
+//!   row-sparse GEMM for ReLU-sparse operands (AVX-512; the dense kernel's bits).
 //! - [`layout`]: strided copies (transpose, broadcast, slice family, pad, concatenate,
 //!   reverse), iota, constants, the RNG.
 //! - [`conv`]: convolution as im2col plus one GEMM through [`dot`].

@@ -12,6 +12,12 @@
 //! (FMA-rounded), one `KC` block after the other; the order never depends on the thread
 //! split or the position of the tile, so a split GEMM is bitwise equal to an unsplit one.
 //!
+//! **Row-sparse `A`** ([`sparse`], AVX-512): a row-major `A` of which a sample of rows is at
+//! most 60 % non-zero (a ReLU output, or a gradient masked by one: two of an MoE expert's
+//! six GEMMs) is multiplied by its non-zeros only, each one a broadcast against a packed row
+//! of `B` into sixteen-lane accumulators. The sums keep the dense kernel's order, so the
+//! bits are the same ([`set_sparse_a`] turns the path off, for comparisons).
+//!
 //! Why not only the `gemm` crate: on this AVX2 machine its f32 path reached 79 % of the FMA
 //! peak on the MoE expert shapes (`256 x 256 x 1024`); this kernel is the difference between
 //! that and the ~90 % the issue asks for (figures in `benches/kernels.rs` and the README).

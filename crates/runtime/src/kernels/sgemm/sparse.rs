@@ -23,6 +23,8 @@
 
 /// Steps of one slice: its block of `B` (`SLICE x 128` floats, 32 KiB) stays in L1.
 pub(super) const SLICE: usize = 64;
+/// Rows ahead whose slice of `A` is prefetched.
+const AHEAD: usize = 8;
 /// Columns of `C` per pass over a row's non-zeros: eight 16-lane accumulators.
 pub(super) const GROUP: usize = 128;
 /// `A` is multiplied sparsely when at most this share of a sample of its rows is non-zero
@@ -58,8 +60,9 @@ pub fn available() -> bool {
     }
 }
 
-/// Whether the `k` contiguous floats of up to eight evenly spaced rows of `rows` (row `i`
-/// starting at `a(i)`) are sparse enough for [`block`] to beat the dense kernel.
+/// Whether up to eight evenly spaced rows of `rows` (row `i`'s `k` contiguous floats at
+/// `a(i)`, the first 256 of each read) are sparse enough for [`block`] to beat the dense
+/// kernel. A dense `A` is told apart by its first sampled row (a few cache lines).
 ///
 /// # Safety
 /// `k` floats are readable at `a(i)` for every `i` in `rows`.
@@ -67,15 +70,18 @@ pub unsafe fn worth(rows: &[usize], k: usize, a: impl Fn(usize) -> *const f32) -
     if rows.is_empty() || k == 0 {
         return false;
     }
-    let picks = rows.len().min(8);
+    let (picks, len) = (rows.len().min(8), k.min(256));
     let mut nonzero = 0usize;
     for t in 0..picks {
         let i = rows[t * rows.len() / picks];
-        // SAFETY: the caller's contract.
-        let row = unsafe { std::slice::from_raw_parts(a(i), k) };
+        // SAFETY: the caller's contract (`len <= k`).
+        let row = unsafe { std::slice::from_raw_parts(a(i), len) };
         nonzero += row.iter().fold(0usize, |n, &x| n + usize::from(x != 0.0));
+        if t == 0 && nonzero as f64 > 0.9 * len as f64 {
+            return false;
+        }
     }
-    (nonzero as f64) <= MAX_DENSITY * (picks * k) as f64
+    (nonzero as f64) <= MAX_DENSITY * (picks * len) as f64
 }
 
 /// One `KC` block: `C[i, 0..nc] (=|+=) A[i, steps] · B[steps, 0..nc]` for each row `i` of
@@ -104,6 +110,7 @@ pub unsafe fn block(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the caller's contract; `tmp` holds a row of `nc` floats per row of `rows`.
     unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         assert!(first || tmp.len() >= rows.len() * nc);
         BLOCKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         #[cfg(test)]
@@ -122,6 +129,20 @@ pub unsafe fn block(
                 let len = SLICE.min(kc - s0);
                 for (r, &i) in rows.iter().enumerate() {
                     fetch();
+                    // The same slice of a row a few rows on: its first touch misses the
+                    // caches (the rows are read a slice at a time, 2 KiB or more apart,
+                    // streams the hardware prefetchers do not follow).
+                    // (Past the last row, the next slice's first rows.)
+                    let (ahead, at) = match rows.get(r + AHEAD) {
+                        Some(&i) => (Some(i), s0),
+                        None => (rows.get(r + AHEAD - rows.len()).copied(), s0 + SLICE),
+                    };
+                    if let (Some(i), true) = (ahead, at < kc) {
+                        let p = a(i).add(at);
+                        for line in (0..SLICE.min(kc - at)).step_by(16) {
+                            _mm_prefetch::<_MM_HINT_T0>(p.add(line).cast());
+                        }
+                    }
                     avx512::compress(a(i).add(s0), len, &mut idx, &mut val, &mut start);
                     let nz = start[1] as usize;
                     avx512::chain(
