@@ -1696,20 +1696,29 @@ fn relu_sparse_dots_give_the_dense_bits() {
     .into_iter()
     .map(|(n, ty, vals)| (n.to_string(), HostTensor::from_f64_values(ty, &vals)))
     .collect();
+    // One pool thread: every GEMM runs whole on it (a split over many threads could put
+    // each part under the path's size threshold), and its counter is read there.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
     let run = |sparse: bool| {
-        sgemm::set_sparse_a(sparse);
-        let before = sgemm::sparse_blocks_run();
-        let out = Executable::new(&p)
-            .unwrap()
-            .run(&InProcess::new(1), std::slice::from_ref(&ins), None)
-            .unwrap()
-            .outputs
-            .remove(0);
-        sgemm::set_sparse_a(true);
-        (out, sgemm::sparse_blocks_run() - before)
+        pool.install(|| {
+            sgemm::set_sparse_a(sparse);
+            let before = sgemm::sparse_blocks_run_here();
+            let out = Executable::new(&p)
+                .unwrap()
+                .run(&InProcess::new(1), std::slice::from_ref(&ins), None)
+                .unwrap()
+                .outputs
+                .remove(0);
+            sgemm::set_sparse_a(true);
+            (out, sgemm::sparse_blocks_run_here() - before)
+        })
     };
-    let (dense, _) = run(false);
+    let (dense, none) = run(false);
     let (sparse, blocks) = run(true);
+    assert_eq!(none, 0);
     if sgemm::sparse_available() {
         assert!(blocks > 0, "the row-sparse path did not run");
     } else {

@@ -16,7 +16,8 @@
 //! most 60 % non-zero (a ReLU output, or a gradient masked by one: two of an MoE expert's
 //! six GEMMs) is multiplied by its non-zeros only, each one a broadcast against a packed row
 //! of `B` into sixteen-lane accumulators. The sums keep the dense kernel's order, so the
-//! bits are the same ([`set_sparse_a`] turns the path off, for comparisons).
+//! bits are the same (but for the sign of a zero sum after an underflow, as with the zero
+//! rows [`sgemm`] skips; [`set_sparse_a`] turns the path off, for comparisons).
 //!
 //! Why not only the `gemm` crate: on this AVX2 machine its f32 path reached 79 % of the FMA
 //! peak on the MoE expert shapes (`256 x 256 x 1024`); this kernel is the difference between
@@ -136,10 +137,10 @@ pub fn set_sparse_a(on: bool) {
     SPARSE_A.store(on, Ordering::Relaxed);
 }
 
-/// Blocks multiplied on the row-sparse path so far in this process (`0` where the CPU has
-/// no AVX-512): tests use it to see that the path ran.
-pub fn sparse_blocks_run() -> usize {
-    sparse::blocks_run()
+/// Blocks the calling thread has multiplied on the row-sparse path so far (`0` where the
+/// CPU has no AVX-512): tests use it to see that the path ran.
+pub fn sparse_blocks_run_here() -> usize {
+    sparse::THREAD_BLOCKS.with(|b| b.get())
 }
 
 /// Whether this CPU can take the row-sparse path (AVX-512F as well as AVX2 and FMA).
@@ -150,14 +151,16 @@ pub fn sparse_available() -> bool {
 /// `C[i, j] = sum_k A[i, k] * B[k, j]` for an `m x k` `A`, `k x n` `B` and `m x n` `C`
 /// (`k == 0` writes zeros).
 ///
-/// **Zero skipping** (exact): a row of `A` that is all zeros yields a row of zeros in `C`
+/// **Zero skipping** (exact, but for the sign of an underflowed zero): a row of `A` that is all zeros yields a row of zeros in `C`
 /// when the `B` it meets is finite, and a row of `B` that is all zeros adds nothing when the
 /// column of `A` it meets is finite; such rows are found by a scan that stops at the first
 /// non-zero (free on dense data) and left out of the packed blocks. This is the expert
 /// buffer of an MoE layer: slots no token was dispatched to are zero rows in every expert
 /// GEMM, forward and backward. The finiteness conditions keep the result bitwise equal to
 /// the dense product (`0 * inf` is NaN there, so a non-finite block is multiplied in full),
-/// and the skipped terms are exact zeros, which never change an f32 sum that starts at +0.
+/// and the skipped terms are exact zeros, which never change an f32 sum that starts at +0,
+/// except the sign of a sum that is `-0` (only after a product underflowed to `-0`, below
+/// 2^-150 in magnitude), which a skipped `+0` term would have made `+0`.
 ///
 /// # Safety
 /// The caller guarantees that [`available`] is true, that every element the strides
@@ -946,7 +949,8 @@ mod avx2 {
     /// `true` unchecked otherwise).
     ///
     /// # Safety
-    /// `kc` floats readable at each `col[j]`, `kc * NR` writable at `dst`.
+    /// `kc` floats readable at each `col[j]`; `NR` floats writable at `dst + k * ld` for
+    /// every `k < kc` (32-byte aligned when `kc >= 8`).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn pack_columns(
         kc: usize,
@@ -959,8 +963,8 @@ mod avx2 {
         let mut nan = _mm256_setzero_ps();
         let zero = _mm256_setzero_ps();
         let mut kk = 0;
-        // SAFETY: every read is `col[j] + kk + t` with `kk + t < kc`, every write inside
-        // `dst[..kc * NR]`.
+        // SAFETY: every read is `col[j] + kk + t` with `kk + t < kc`, every write is
+        // `dst + k * ld + j` with `k < kc`, `j < NR`.
         unsafe {
             while kk + 8 <= kc {
                 for half in 0..2 {
@@ -1138,35 +1142,107 @@ mod tests {
         check(m, n, k, &a3, &b);
     }
 
-    /// The row-sparse path gives the dense kernel's bits: ReLU-like `A` (half zeros), `k`
-    /// over one and several `KC` blocks, `n` under, at and over a 128-column group and not a
-    /// multiple of 16, dead rows, a NaN and an inf in `A`, a non-finite `B` block (which is
-    /// multiplied densely), and a row table for `C`.
+    /// `C = A B` on both paths (the row-sparse one allowed or not), `A` row-major, `B` given
+    /// row-major and laid out as `b_cols` says (column-major: packed by 8x8 transposes), `C`
+    /// row-major or at its rows' own offsets (`table`): the two results bit for bit, the
+    /// sparse one against the naive product, and how many blocks took the row-sparse path.
+    fn sparse_vs_dense(
+        (m, n, k): (usize, usize, usize),
+        a: &[f32],
+        b: &[f32],
+        b_cols: bool,
+        table: bool,
+    ) -> usize {
+        let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+        let br = if b_cols {
+            MatRef {
+                ptr: bt.as_ptr(),
+                rs: 1,
+                cs: k,
+            }
+        } else {
+            MatRef {
+                ptr: b.as_ptr(),
+                rs: n,
+                cs: 1,
+            }
+        };
+        // C rows at their own offsets (reversed), as a fused output transpose.
+        let rows: Vec<usize> = (0..m).map(|i| (m - 1 - i) * n).collect();
+        let run = |sparse: bool| {
+            let mut c = vec![f32::NAN; m * n];
+            let cm = MatMut {
+                ptr: c.as_mut_ptr(),
+                rs: n,
+                cs: 1,
+                rows: if table {
+                    rows.as_ptr()
+                } else {
+                    std::ptr::null()
+                },
+                cols: std::ptr::null(),
+            };
+            let ar = MatRef {
+                ptr: a.as_ptr(),
+                rs: k,
+                cs: 1,
+            };
+            let before = sparse::THREAD_BLOCKS.with(|b| b.get());
+            // SAFETY: AVX2 checked by the caller; the strides address exactly the vectors.
+            unsafe { sgemm_impl(m, n, k, ar, br, cm, &[], sparse) };
+            (c, sparse::THREAD_BLOCKS.with(|b| b.get()) - before)
+        };
+        let (dense, none) = run(false);
+        let (sparse, blocks) = run(true);
+        assert_eq!(none, 0);
+        for (x, (d, s)) in dense.iter().zip(&sparse).enumerate() {
+            assert!(
+                d.to_bits() == s.to_bits() || (d.is_nan() && s.is_nan()),
+                "{m}x{n}x{k} element {x}: dense {d} sparse {s}"
+            );
+        }
+        if !table {
+            let want = naive(m, n, k, a, b);
+            for (x, (&g, &w)) in sparse.iter().zip(&want).enumerate() {
+                assert!(close(g, w), "{m}x{n}x{k} element {x}: {g} vs {w}");
+            }
+        }
+        blocks
+    }
+
+    /// Values of which about 4 in 7 are zero, the rest `max(x, 0)`-like (a ReLU output).
+    fn relu(len: usize, seed: usize) -> Vec<f32> {
+        values(len, seed)
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                if (i * 2654435761) % 7 < 3 {
+                    x.max(0.0) + 0.125
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+
+    /// The row-sparse path gives the dense kernel's bits: ReLU-like `A`, `k` over one and
+    /// several `KC` blocks, `n` under, at and over a 128-column group and over `NC`, not a
+    /// multiple of 16, dead rows, a NaN and an inf in `A`, non-finite `B` blocks (multiplied
+    /// densely) first or last, leading zero rows of `B` (steps left out), `B` row- and
+    /// column-major, `C` with a row table.
     #[test]
     fn row_sparse_path_is_bitwise_the_dense_product() {
         if !sparse_available() {
             eprintln!("skipped: no AVX-512F (the row-sparse path is not used here)");
             return;
         }
-        let relu = |len: usize, seed: usize| -> Vec<f32> {
-            values(len, seed)
-                .iter()
-                .enumerate()
-                .map(|(i, &x)| {
-                    if (i * 2654435761) % 7 < 3 {
-                        x.max(0.0)
-                    } else {
-                        0.0
-                    }
-                })
-                .collect()
-        };
         for &(m, n, k) in &[
             (64, 128, 512),
             (70, 33, 300),
             (40, 200, 129),
             (13, 300, 600),
             (128, 16, 256),
+            (20, 1100, 300),
         ] {
             let mut a = relu(m * k, 5);
             let b: Vec<f32> = values(k * n, 6).iter().map(|x| x * 0.37 + 0.01).collect();
@@ -1175,56 +1251,85 @@ mod tests {
             }
             a[k + 3] = f32::NAN;
             a[3 * k + k - 1] = f32::INFINITY;
-            let mut b_inf = b.clone();
-            b_inf[(k - 1) * n + n / 2] = f32::INFINITY;
-            for bb in [&b, &b_inf] {
-                // C rows at their own offsets (reversed), as a fused output transpose.
-                let table: Vec<usize> = (0..m).map(|i| (m - 1 - i) * n).collect();
-                for rows in [None, Some(&table)] {
-                    let run = |sparse: bool| {
-                        let mut c = vec![f32::NAN; m * n];
-                        let cm = MatMut {
-                            ptr: c.as_mut_ptr(),
-                            rs: n,
-                            cs: 1,
-                            rows: rows.map_or(std::ptr::null(), |t| t.as_ptr()),
-                            cols: std::ptr::null(),
-                        };
-                        let ar = MatRef {
-                            ptr: a.as_ptr(),
-                            rs: k,
-                            cs: 1,
-                        };
-                        let br = MatRef {
-                            ptr: bb.as_ptr(),
-                            rs: n,
-                            cs: 1,
-                        };
-                        let before = sparse::THREAD_BLOCKS.with(|b| b.get());
-                        // SAFETY: AVX2 checked above; the strides address exactly the vectors.
-                        unsafe { sgemm_impl(m, n, k, ar, br, cm, &[], sparse) };
-                        (c, sparse::THREAD_BLOCKS.with(|b| b.get()) - before)
-                    };
-                    let (dense, none) = run(false);
-                    let (sparse, blocks) = run(true);
-                    assert_eq!(none, 0);
-                    // (A non-finite B block is multiplied densely; the last block has the inf.)
-                    if k > KC || std::ptr::eq(bb, &b) {
-                        assert!(blocks > 0, "{m}x{n}x{k}: the row-sparse path did not run");
-                    }
-                    for (x, (d, s)) in dense.iter().zip(&sparse).enumerate() {
-                        assert!(
-                            d.to_bits() == s.to_bits() || (d.is_nan() && s.is_nan()),
-                            "{m}x{n}x{k} element {x}: dense {d} sparse {s}"
-                        );
-                    }
-                    if rows.is_none() {
-                        let want = naive(m, n, k, &a, bb);
-                        for (x, (&g, &w)) in sparse.iter().zip(&want).enumerate() {
-                            assert!(close(g, w), "{m}x{n}x{k} element {x}: {g} vs {w}");
-                        }
-                    }
+            let (mut b_last, mut b_first, mut b_lead) = (b.clone(), b.clone(), b.clone());
+            b_last[(k - 1) * n + n / 2] = f32::INFINITY;
+            b_first[5 * n + n - 1] = f32::NAN;
+            // Zero rows 0 and 1 of B: those steps are left out (A's columns there are finite).
+            b_lead[..2 * n].fill(0.0);
+            for b_cols in [false, true] {
+                for table in [false, true] {
+                    let shape = (m, n, k);
+                    let blocks = sparse_vs_dense(shape, &a, &b, b_cols, table);
+                    assert!(blocks > 0, "{shape:?}: the row-sparse path did not run");
+                    let blocks = sparse_vs_dense(shape, &a, &b_lead, b_cols, table);
+                    assert!(
+                        blocks > 0,
+                        "{shape:?}: not run after leading zero rows of B"
+                    );
+                    // One non-finite block goes dense; with two or more, the others do not.
+                    let blocks = sparse_vs_dense(shape, &a, &b_last, b_cols, table);
+                    assert_eq!(blocks > 0, k > KC, "{shape:?}: inf in the last block");
+                    let blocks = sparse_vs_dense(shape, &a, &b_first, b_cols, table);
+                    assert_eq!(blocks > 0, k > KC, "{shape:?}: NaN in the first block");
                 }
+            }
+        }
+    }
+
+    /// A result written transposed (`C` column-major) is computed as `C^T = B^T A^T`: a
+    /// column-major `B` that is mostly zeros becomes the row-sparse left operand there.
+    #[test]
+    fn row_sparse_path_serves_a_transposed_result() {
+        if !sparse_available() {
+            eprintln!("skipped: no AVX-512F (the row-sparse path is not used here)");
+            return;
+        }
+        let (m, n, k) = (96, 130, 300);
+        let a = values(m * k, 7);
+        // B^T (n x k) row-major, ReLU-like: B column-major.
+        let bt = relu(n * k, 8);
+        let b: Vec<f32> = (0..k * n).map(|x| bt[(x % n) * k + x / n]).collect();
+        let run = |sparse: bool| {
+            let mut c = vec![f32::NAN; m * n];
+            let ar = MatRef {
+                ptr: a.as_ptr(),
+                rs: k,
+                cs: 1,
+            };
+            let br = MatRef {
+                ptr: bt.as_ptr(),
+                rs: 1,
+                cs: k,
+            };
+            let before = sparse::THREAD_BLOCKS.with(|b| b.get());
+            // SAFETY: AVX2 checked above; the strides address exactly the vectors.
+            unsafe {
+                sgemm_impl(
+                    m,
+                    n,
+                    k,
+                    ar,
+                    br,
+                    MatMut::strided(c.as_mut_ptr(), 1, m),
+                    &[],
+                    sparse,
+                )
+            };
+            (c, sparse::THREAD_BLOCKS.with(|b| b.get()) - before)
+        };
+        let (dense, _) = run(false);
+        let (sparse, blocks) = run(true);
+        assert!(blocks > 0, "the row-sparse path did not run");
+        let want = naive(m, n, k, &a, &b);
+        for i in 0..m {
+            for j in 0..n {
+                let (d, s) = (dense[j * m + i], sparse[j * m + i]);
+                assert_eq!(d.to_bits(), s.to_bits(), "({i},{j}): dense {d} sparse {s}");
+                assert!(
+                    close(s, want[i * n + j]),
+                    "({i},{j}): {s} vs {}",
+                    want[i * n + j]
+                );
             }
         }
     }
