@@ -3,10 +3,12 @@
 //! of A, B and C, all-zero rows of A and of B, all-zero columns of A, and the occasional
 //! inf or NaN meeting those zeros. The zero skipping must be invisible: the result equals
 //! the dense product to f32 accumulation tolerance, with NaN exactly where the dense product
-//! has one. Skips with a notice on CPUs without AVX2/FMA.
+//! has one. Half the cases make A about half zeros (a ReLU output) and large enough for the
+//! row-sparse path (AVX-512), whose result must also be the dense path's, bit for bit.
+//! Skips with a notice on CPUs without AVX2/FMA.
 
 use proptest::prelude::*;
-use runtime::kernels::sgemm::{available, sgemm_ahead, MatMut, MatRef};
+use runtime::kernels::sgemm::{available, set_sparse_a, sgemm_ahead, MatMut, MatRef};
 
 mod common;
 use common::cases;
@@ -53,11 +55,18 @@ proptest! {
             return Ok(());
         }
         let mut rng = Rng(seed);
-        let m = 1 + rng.below(40);
-        let n = 1 + rng.below(40);
-        let kmax = if rng.below(3) == 0 { 600 } else { 60 };
+        // Half the cases: A about half zeros, sizes past the row-sparse path's threshold.
+        let relu = rng.below(2) == 0;
+        let (m, n) = if relu {
+            (6 + rng.below(90), 16 + rng.below(200))
+        } else {
+            (1 + rng.below(40), 1 + rng.below(40))
+        };
+        let kmax = if relu || rng.below(3) == 0 { 600 } else { 60 };
         let k = 1 + rng.below(kmax);
-        let mut a: Vec<f32> = (0..m * k).map(|_| rng.value()).collect();
+        let mut a: Vec<f32> = (0..m * k)
+            .map(|_| if relu && rng.below(2) == 0 { 0.0 } else { rng.value() })
+            .collect();
         let mut b: Vec<f32> = (0..k * n).map(|_| rng.value()).collect();
         for i in 0..m {
             if rng.below(3) == 0 {
@@ -120,17 +129,21 @@ proptest! {
         // past the end, which a prefetch may name) while they compute: results unchanged.
         let ahead = [(sa.as_ptr(), sa.len()), (sb.as_ptr(), sb.len()), (sb.as_ptr().wrapping_add(sb.len()), 4096)];
         let ahead: &[(*const f32, usize)] = if rng.below(2) == 0 { &ahead } else { &[] };
-        unsafe {
-            sgemm_ahead(
-                m,
-                n,
-                k,
-                MatRef { ptr: sa.as_ptr(), rs: ars, cs: acs },
-                MatRef { ptr: sb.as_ptr(), rs: brs, cs: bcs },
-                cm,
-                ahead,
-            )
-        };
+        let (ar, br) = (MatRef { ptr: sa.as_ptr(), rs: ars, cs: acs }, MatRef { ptr: sb.as_ptr(), rs: brs, cs: bcs });
+        unsafe { sgemm_ahead(m, n, k, ar, br, cm, ahead) };
+        // The dense path on the same operands (the row-sparse one forbidden): the same bits.
+        let mut c_dense = vec![f32::NAN; m * n];
+        let cd = MatMut { ptr: c_dense.as_mut_ptr(), ..cm };
+        set_sparse_a(false);
+        // SAFETY: as above, into a buffer of the same size.
+        unsafe { sgemm_ahead(m, n, k, ar, br, cd, ahead) };
+        set_sparse_a(true);
+        for (x, (d, g)) in c_dense.iter().zip(&c).enumerate() {
+            prop_assert!(
+                d.to_bits() == g.to_bits() || (d.is_nan() && g.is_nan()),
+                "{m}x{n}x{k} layout ({ta},{tb},{tc}) element {x}: dense {d} vs {g}"
+            );
+        }
         for i in 0..m {
             for j in 0..n {
                 let got = c[at(i, j)];
