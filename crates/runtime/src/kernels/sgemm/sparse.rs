@@ -10,7 +10,7 @@
 //! that a slice of steps meets (64 steps x 128 columns, 32 KiB) stays in L1 while every
 //! row of `A` passes over it.
 //!
-//! Numerics: bitwise those of the dense micro-kernel. Each output element is still the
+//! Numerics: bitwise those of the dense micro-kernel, with one exception. Each output element is still the
 //! FMA chain of its products in increasing step order, one `KC` block after the other
 //! (block 0 written, later blocks computed apart and added), and a skipped term is `0 · b`
 //! with `b` finite (the caller packs `B` with its finiteness check and multiplies a
@@ -20,8 +20,11 @@
 //! dense sum into `+0`, so the one exception is the sign of such a zero. A partial chain is
 //! stored as f32 and reloaded between slices of steps, which changes nothing.
 //!
-//! Measured here (one thread, hot caches, `128 x 512 x 128` with half of `A` zero): 130 us
-//! against 182 us for the dense micro-kernel (1.4x); the gain grows as `A` gets sparser.
+//! Measured here (one thread, `128 x 512 x 128` with half of `A` zero; criterion, hot
+//! caches): 134 us against 175 us for the dense micro-kernel (1.30x); cycling through 32
+//! experts' cold operands 176 against 195 us; 1.35x with a quarter of `A` non-zero and 1.6x
+//! with a tenth. The kernel is bound by loads (one 64-byte row chunk of `B` per FMA) where
+//! the dense one is bound by FMAs, so it wins by doing half the work, not by running faster.
 
 /// Steps of one slice: its block of `B` (`SLICE x 128` floats, 32 KiB) stays in L1.
 pub(super) const SLICE: usize = 64;
@@ -79,8 +82,7 @@ pub unsafe fn worth(rows: &[usize], k: usize, a: impl Fn(usize) -> *const f32) -
 /// One `KC` block: `C[i, 0..nc] (=|+=) A[i, steps] · B[steps, 0..nc]` for each row `i` of
 /// `rows`, `A`'s row `i` at `a(i)` (`kc` contiguous floats: the block's steps), `B` packed
 /// by `pack_rows` in groups of `GROUP` columns (`pb[g*GROUP*kc + kk*GROUP + j]`, zero past
-/// `nc`, finite),
-/// `C`'s row `i` at `c(i)` (`nc` contiguous floats). `first`: write the block's sums;
+/// `nc`, finite), `C`'s row `i` at `c(i)` (`nc` contiguous floats). `first`: write the block's sums;
 /// otherwise add them to `C` (the sums are formed apart in `tmp`, `rows.len() * nc`
 /// floats, then added: the dense kernel's order). `fetch` is called once per row and slice.
 ///
