@@ -156,20 +156,47 @@ fn bench_gemm(c: &mut Criterion) {
         });
     }
     // Our AVX2 micro-kernel GEMM called directly on one expert's shapes (one thread):
-    // up-projection, down-projection, and the weight gradient (A read transposed).
+    // up-projection, down-projection, and the weight gradient (A read transposed); names
+    // are `m x n x k`. The `relu_` rows give the small expert's down-projection a ReLU
+    // output (half of A zero) with the row-sparse path forbidden or allowed (AVX-512 only;
+    // the same bits).
     if runtime::kernels::sgemm::available() {
-        use runtime::kernels::sgemm::{sgemm, MatMut, MatRef};
-        for (name, m, n, k, a_t) in [
-            ("raw_sgemm_256x1024x256", 256, 1024, 256, false),
-            ("raw_sgemm_256x256x1024", 256, 256, 1024, false),
-            ("raw_sgemm_T1024x256x256", 1024, 256, 256, true),
-            ("raw_sgemm_512x512x512", 512, 512, 512, false),
+        use runtime::kernels::sgemm::{set_sparse_a, sgemm, sparse_available, MatMut, MatRef};
+        for (name, m, n, k, a_t, sparse) in [
+            ("raw_sgemm_256x1024x256", 256, 1024, 256, false, None),
+            ("raw_sgemm_256x256x1024", 256, 256, 1024, false, None),
+            ("raw_sgemm_T1024x256x256", 1024, 256, 256, true, None),
+            ("raw_sgemm_512x512x512", 512, 512, 512, false, None),
             // The smaller benchmark shape's expert (G*C=128 tokens, M=128, H=512).
-            ("raw_sgemm_128x512x128", 128, 512, 128, false),
-            ("raw_sgemm_128x128x512", 128, 128, 512, false),
-            ("raw_sgemm_T512x128x128", 512, 128, 128, true),
+            ("raw_sgemm_128x512x128", 128, 512, 128, false, None),
+            ("raw_sgemm_128x128x512", 128, 128, 512, false, None),
+            ("raw_sgemm_T512x128x128", 512, 128, 128, true, None),
+            (
+                "relu_sgemm_128x128x512/dense",
+                128,
+                128,
+                512,
+                false,
+                Some(false),
+            ),
+            (
+                "relu_sgemm_128x128x512/row_sparse",
+                128,
+                128,
+                512,
+                false,
+                Some(true),
+            ),
         ] {
-            let (a, bm) = (data(m * k, 1), data(k * n, 2));
+            if sparse.is_some() && !sparse_available() {
+                continue;
+            }
+            let a = data(m * k, 1);
+            let a: Vec<f32> = match sparse {
+                Some(_) => a.iter().map(|x| x.max(0.0)).collect(),
+                None => a,
+            };
+            let bm = data(k * n, 2);
             let mut cm = vec![0.0f32; m * n];
             let ar = if a_t {
                 MatRef {
@@ -186,40 +213,8 @@ fn bench_gemm(c: &mut Criterion) {
             };
             g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
             g.bench_function(format!("{name}/1thread"), |bch| {
+                set_sparse_a(sparse.unwrap_or(true));
                 bch.iter(|| {
-                    let br = MatRef {
-                        ptr: bm.as_ptr(),
-                        rs: n,
-                        cs: 1,
-                    };
-                    let cw = MatMut::strided(cm.as_mut_ptr(), n, 1);
-                    // SAFETY: AVX2 checked above; the strides address exactly the buffers.
-                    unsafe { sgemm(m, n, k, ar, br, cw) }
-                })
-            });
-        }
-    }
-    // The down-projection of the small shape's expert (128x512x128) on a ReLU output (half
-    // of A zero), dense against row-sparse (AVX-512 only; the same bits).
-    if runtime::kernels::sgemm::sparse_available() {
-        use runtime::kernels::sgemm::{set_sparse_a, sgemm, MatMut, MatRef};
-        let (m, n, k) = (128, 128, 512);
-        let a: Vec<f32> = data(m * k, 4).iter().map(|x| x.max(0.0)).collect();
-        let bm = data(k * n, 5);
-        let mut cm = vec![0.0f32; m * n];
-        g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-        for (name, on) in [
-            ("relu_sgemm_128x512x128/dense", false),
-            ("relu_sgemm_128x512x128/row_sparse", true),
-        ] {
-            g.bench_function(name, |bch| {
-                set_sparse_a(on);
-                bch.iter(|| {
-                    let ar = MatRef {
-                        ptr: a.as_ptr(),
-                        rs: k,
-                        cs: 1,
-                    };
                     let br = MatRef {
                         ptr: bm.as_ptr(),
                         rs: n,

@@ -370,7 +370,18 @@ unsafe fn blocked(
                 let direct = a.cs == 1 && kidx[kc - 1] - kidx[0] == kc - 1;
                 // The row-sparse path packs B in its own layout and needs it finite (it
                 // leaves out `0 * b`); a non-finite block is multiplied densely.
-                if sparse_a && direct && pack_rows(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb) {
+                if sparse_a
+                    && direct
+                    && pack_b::<{ sparse::GROUP }>(
+                        kidx,
+                        nc,
+                        b.ptr.add(jc * b.cs),
+                        b.rs,
+                        b.cs,
+                        pb,
+                        true,
+                    )
+                {
                     // Dead rows are zeros already (B is finite).
                     sparse::block(
                         live,
@@ -387,7 +398,7 @@ unsafe fn blocked(
                 }
                 // Finiteness only matters when there are dead rows to multiply or not.
                 let check = !dead.is_empty();
-                let finite = pack_b(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb, check);
+                let finite = pack_b::<NR>(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb, check);
                 // Dead rows (already zero) are multiplied only against a non-finite
                 // block, accumulating, exactly as the dense product would.
                 let sets: [(&[usize], bool); 2] =
@@ -576,14 +587,20 @@ unsafe fn pack_a(
     }
 }
 
-/// Pack steps `kidx` of an `? x nc` block of B into column panels of `NR`: panel `p`, step
-/// `k`, column `j` at `dst[p*NR*kc + k*NR + j]`, columns past `nc` zero. Returns whether
-/// every packed element is finite (with `check`; `true` unchecked otherwise).
+/// Pack steps `kidx` of an `? x nc` block of B into column panels `W` wide (a multiple of
+/// `NR`; a constant, so the offsets below are shifts): panel `p`, step `k`, column `j` at
+/// `dst[p*W*kc + k*W + j]`, columns
+/// past `nc` zero. The micro-kernel reads `NR`-wide panels; the row-sparse path
+/// ([`sparse`]) reads [`sparse::GROUP`]-wide ones, so that a slice of steps of one group is
+/// one compact block in L1 (with `NR`-wide panels a step's columns lie 16 KiB apart, all in
+/// one L1 set). Returns whether every packed element is finite (with `check`; `true`
+/// unchecked otherwise).
 ///
 /// # Safety
-/// Every `b[k*rs + j*cs]` for `k` in `kidx`, `j < nc` is readable.
+/// Every `b[k*rs + j*cs]` for `k` in `kidx`, `j < nc` is readable; `dst` holds
+/// `nc.div_ceil(W) * W * kidx.len()` floats, 32-byte aligned.
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-unsafe fn pack_b(
+unsafe fn pack_b<const W: usize>(
     kidx: &[usize],
     nc: usize,
     b: *const f32,
@@ -592,26 +609,30 @@ unsafe fn pack_b(
     dst: &mut [f32],
     check: bool,
 ) -> bool {
+    debug_assert!(W.is_multiple_of(NR));
+    let width = W;
     let kc = kidx.len();
+    // Where an `NR`-wide chunk of columns from `j` starts at step `kk`.
+    let at = |j: usize, kk: usize| (j / width) * width * kc + kk * width + j % width;
+    if !nc.is_multiple_of(width) {
+        let p = nc / width;
+        dst[p * width * kc..(p + 1) * width * kc].fill(0.0);
+    }
     // `x * 0 == 0` exactly when `x` is finite; folded with `&` so it vectorises.
     let mut finite = true;
     if cs == 1 {
         // Rows contiguous: read each row once, in order (a panel-by-panel walk would jump a
         // whole row ahead per element, across pages, where no prefetcher follows).
-        if !nc.is_multiple_of(NR) {
-            let p = nc / NR;
-            dst[p * NR * kc..(p + 1) * NR * kc].fill(0.0);
-        }
         for (kk, &k) in kidx.iter().enumerate() {
             // SAFETY: `nc` contiguous elements of row `k`.
             let src = unsafe { std::slice::from_raw_parts(b.add(k * rs), nc) };
             if check {
                 finite &= src.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
             }
-            for (p, part) in src.chunks(NR).enumerate() {
-                let at = p * NR * kc + kk * NR;
+            for (q, part) in src.chunks(NR).enumerate() {
+                let at = at(q * NR, kk);
                 match <&[f32; NR]>::try_from(part) {
-                    // A whole panel row: a fixed-size move (inlined; no memcpy call per 64 B).
+                    // A whole chunk: a fixed-size move (inlined; no memcpy call per 64 B).
                     Ok(whole) => {
                         let d: &mut [f32; NR] = (&mut dst[at..at + NR]).try_into().expect("NR");
                         *d = *whole;
@@ -622,12 +643,8 @@ unsafe fn pack_b(
         }
         return finite;
     }
-    for (p, j0) in (0..nc).step_by(NR).enumerate() {
+    for j0 in (0..nc).step_by(NR) {
         let cols = NR.min(nc - j0);
-        let panel = &mut dst[p * NR * kc..(p + 1) * NR * kc];
-        if cols < NR {
-            panel.fill(0.0);
-        }
         // Columns strided (a transposed B): sixteen column streams, one step at a time.
         let mut src = [std::ptr::null::<f32>(); NR];
         for (j, s) in src.iter_mut().enumerate().take(cols) {
@@ -638,82 +655,23 @@ unsafe fn pack_b(
         if rs == 1 && cols == NR && kidx[kc - 1] - kidx[0] == kc - 1 {
             // Contiguous columns over consecutive steps: 8 x 8 register transposes.
             let k0 = kidx[0];
-            let at = src.map(|p| p.wrapping_add(k0));
-            // SAFETY: each column holds `kc` readable floats from step `k0`; the panel
-            // holds `kc * NR`.
-            finite &= unsafe { avx2::pack_columns(kc, &at, panel.as_mut_ptr(), NR, check) };
+            let from = src.map(|p| p.wrapping_add(k0));
+            // SAFETY: each column holds `kc` readable floats from step `k0`; the chunk's
+            // `kc` rows of `NR` floats, `width` apart from `at(j0, 0)`, are inside `dst`.
+            finite &= unsafe {
+                avx2::pack_columns(kc, &from, dst[at(j0, 0)..].as_mut_ptr(), width, check)
+            };
             continue;
         }
         for (kk, &k) in kidx.iter().enumerate() {
-            let o = &mut panel[kk * NR..kk * NR + cols];
+            let o = at(j0, kk);
+            let o = &mut dst[o..o + cols];
             for (x, s) in o.iter_mut().zip(&src) {
                 // SAFETY: element `(k, j)` with `k` in `kidx`, `j < nc`.
                 *x = unsafe { *s.add(k * rs) };
             }
             if check {
                 finite &= o.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
-            }
-        }
-    }
-    finite
-}
-
-/// Pack steps `kidx` of an `? x nc` block of B for the row-sparse path ([`sparse`]): in
-/// groups of [`sparse::GROUP`] columns, each group's rows `GROUP` floats apart and
-/// contiguous (group `g`, step `k`, column `j` at `dst[g*GROUP*kc + k*GROUP + j]`, columns
-/// past `nc` zero), so that a slice of steps of one group is one compact block in L1 (the
-/// `NR`-wide panels of [`pack_b`] put a step's columns 16 KiB apart, all in one L1 set).
-/// Returns whether every packed element is finite.
-///
-/// # Safety
-/// Every `b[k*rs + j*cs]` for `k` in `kidx`, `j < nc` is readable; `dst` holds
-/// `nc.div_ceil(GROUP) * GROUP * kidx.len()` floats, 64-byte aligned.
-#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-unsafe fn pack_rows(
-    kidx: &[usize],
-    nc: usize,
-    b: *const f32,
-    rs: usize,
-    cs: usize,
-    dst: &mut [f32],
-) -> bool {
-    const G: usize = sparse::GROUP;
-    let kc = kidx.len();
-    let mut finite = true;
-    let run = kidx[kc - 1] - kidx[0] == kc - 1;
-    for g0 in (0..nc).step_by(G) {
-        let cols = G.min(nc - g0);
-        let grp = &mut dst[g0 * kc..(g0 + G) * kc];
-        if cols < G {
-            grp.fill(0.0);
-        }
-        if cs == 1 {
-            for (kk, &k) in kidx.iter().enumerate() {
-                // SAFETY: `cols` contiguous elements of row `k` from column `g0`.
-                let src = unsafe { std::slice::from_raw_parts(b.add(k * rs + g0), cols) };
-                finite &= src.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
-                grp[kk * G..kk * G + cols].copy_from_slice(src);
-            }
-            continue;
-        }
-        for j0 in (0..cols).step_by(NR) {
-            #[cfg(target_arch = "x86_64")]
-            if rs == 1 && run && j0 + NR <= cols {
-                // Contiguous columns over consecutive steps: 8 x 8 register transposes.
-                let at: [*const f32; NR] =
-                    std::array::from_fn(|j| b.wrapping_add((g0 + j0 + j) * cs + kidx[0]));
-                // SAFETY: each column holds `kc` readable floats from step `kidx[0]`; the
-                // writes stay in this group's `kc` rows of `G` floats.
-                finite &= unsafe { avx2::pack_columns(kc, &at, grp[j0..].as_mut_ptr(), G, true) };
-                continue;
-            }
-            for (kk, &k) in kidx.iter().enumerate() {
-                for j in j0..cols.min(j0 + NR) {
-                    // SAFETY: element `(k, g0 + j)` with `k` in `kidx`, `g0 + j < nc`.
-                    let x = unsafe { *b.add(k * rs + (g0 + j) * cs) };
-                    finite &= x * 0.0 == 0.0;
-                    grp[kk * G + j] = x;
-                }
             }
         }
     }
@@ -1142,54 +1100,20 @@ mod tests {
         check(m, n, k, &a3, &b);
     }
 
-    /// `C = A B` on both paths (the row-sparse one allowed or not), `A` row-major, `B` given
-    /// row-major and laid out as `b_cols` says (column-major: packed by 8x8 transposes), `C`
-    /// row-major or at its rows' own offsets (`table`): the two results bit for bit, the
-    /// sparse one against the naive product, and how many blocks took the row-sparse path.
-    fn sparse_vs_dense(
+    /// `C = A B` on both paths (the row-sparse one forbidden, then allowed) into an `m * n`
+    /// buffer addressed by `out(ptr)`: asserts the two buffers are equal bit for bit, and
+    /// returns the row-sparse path's buffer and how many blocks it multiplied.
+    fn on_both_paths(
         (m, n, k): (usize, usize, usize),
-        a: &[f32],
-        b: &[f32],
-        b_cols: bool,
-        table: bool,
-    ) -> usize {
-        let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
-        let br = if b_cols {
-            MatRef {
-                ptr: bt.as_ptr(),
-                rs: 1,
-                cs: k,
-            }
-        } else {
-            MatRef {
-                ptr: b.as_ptr(),
-                rs: n,
-                cs: 1,
-            }
-        };
-        // C rows at their own offsets (reversed), as a fused output transpose.
-        let rows: Vec<usize> = (0..m).map(|i| (m - 1 - i) * n).collect();
+        a: MatRef,
+        b: MatRef,
+        out: impl Fn(*mut f32) -> MatMut,
+    ) -> (Vec<f32>, usize) {
         let run = |sparse: bool| {
             let mut c = vec![f32::NAN; m * n];
-            let cm = MatMut {
-                ptr: c.as_mut_ptr(),
-                rs: n,
-                cs: 1,
-                rows: if table {
-                    rows.as_ptr()
-                } else {
-                    std::ptr::null()
-                },
-                cols: std::ptr::null(),
-            };
-            let ar = MatRef {
-                ptr: a.as_ptr(),
-                rs: k,
-                cs: 1,
-            };
             let before = sparse::THREAD_BLOCKS.with(|b| b.get());
             // SAFETY: AVX2 checked by the caller; the strides address exactly the vectors.
-            unsafe { sgemm_impl(m, n, k, ar, br, cm, &[], sparse) };
+            unsafe { sgemm_impl(m, n, k, a, b, out(c.as_mut_ptr()), &[], sparse) };
             (c, sparse::THREAD_BLOCKS.with(|b| b.get()) - before)
         };
         let (dense, none) = run(false);
@@ -1201,6 +1125,43 @@ mod tests {
                 "{m}x{n}x{k} element {x}: dense {d} sparse {s}"
             );
         }
+        (sparse, blocks)
+    }
+
+    /// [`on_both_paths`] with `A` row-major, `B` given row-major and laid out as `b_cols`
+    /// says (column-major: packed by 8x8 transposes), `C` row-major or at its rows' own
+    /// offsets (`table`); the row-sparse result also against the naive product. Returns how
+    /// many blocks took the row-sparse path.
+    fn sparse_vs_dense(
+        (m, n, k): (usize, usize, usize),
+        a: &[f32],
+        b: &[f32],
+        b_cols: bool,
+        table: bool,
+    ) -> usize {
+        let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+        let (ptr, rs, cs) = if b_cols {
+            (bt.as_ptr(), 1, k)
+        } else {
+            (b.as_ptr(), n, 1)
+        };
+        let br = MatRef { ptr, rs, cs };
+        let ar = MatRef {
+            ptr: a.as_ptr(),
+            rs: k,
+            cs: 1,
+        };
+        // C rows at their own offsets (reversed), as a fused output transpose.
+        let rows: Vec<usize> = (0..m).map(|i| (m - 1 - i) * n).collect();
+        let out = |ptr: *mut f32| MatMut {
+            rows: if table {
+                rows.as_ptr()
+            } else {
+                std::ptr::null()
+            },
+            ..MatMut::strided(ptr, n, 1)
+        };
+        let (sparse, blocks) = on_both_paths((m, n, k), ar, br, out);
         if !table {
             let want = naive(m, n, k, a, b);
             for (x, (&g, &w)) in sparse.iter().zip(&want).enumerate() {
@@ -1289,42 +1250,22 @@ mod tests {
         // B^T (n x k) row-major, ReLU-like: B column-major.
         let bt = relu(n * k, 8);
         let b: Vec<f32> = (0..k * n).map(|x| bt[(x % n) * k + x / n]).collect();
-        let run = |sparse: bool| {
-            let mut c = vec![f32::NAN; m * n];
-            let ar = MatRef {
-                ptr: a.as_ptr(),
-                rs: k,
-                cs: 1,
-            };
-            let br = MatRef {
-                ptr: bt.as_ptr(),
-                rs: 1,
-                cs: k,
-            };
-            let before = sparse::THREAD_BLOCKS.with(|b| b.get());
-            // SAFETY: AVX2 checked above; the strides address exactly the vectors.
-            unsafe {
-                sgemm_impl(
-                    m,
-                    n,
-                    k,
-                    ar,
-                    br,
-                    MatMut::strided(c.as_mut_ptr(), 1, m),
-                    &[],
-                    sparse,
-                )
-            };
-            (c, sparse::THREAD_BLOCKS.with(|b| b.get()) - before)
+        let ar = MatRef {
+            ptr: a.as_ptr(),
+            rs: k,
+            cs: 1,
         };
-        let (dense, _) = run(false);
-        let (sparse, blocks) = run(true);
+        let br = MatRef {
+            ptr: bt.as_ptr(),
+            rs: 1,
+            cs: k,
+        };
+        let (sparse, blocks) = on_both_paths((m, n, k), ar, br, |ptr| MatMut::strided(ptr, 1, m));
         assert!(blocks > 0, "the row-sparse path did not run");
         let want = naive(m, n, k, &a, &b);
         for i in 0..m {
             for j in 0..n {
-                let (d, s) = (dense[j * m + i], sparse[j * m + i]);
-                assert_eq!(d.to_bits(), s.to_bits(), "({i},{j}): dense {d} sparse {s}");
+                let s = sparse[j * m + i];
                 assert!(
                     close(s, want[i * n + j]),
                     "({i},{j}): {s} vs {}",
