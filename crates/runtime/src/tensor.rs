@@ -443,29 +443,47 @@ pub struct BlockDim {
     pub padded: usize,
 }
 
-/// Visit every element of a block: `f(index in the block buffer, index in the large
-/// tensor or None for padding)`.
-fn for_each_block_elem(
+/// Visit the data of a block as contiguous runs: `f(index in the block buffer, index in
+/// the large tensor, run length)`, one call per row of the last dim (the padding, past
+/// `len` in any dim, is never visited). A row's elements are consecutive in both buffers.
+fn for_each_block_run(
     global: &[usize],
     block: &[BlockDim],
-    mut f: impl FnMut(usize, Option<usize>),
+    mut f: impl FnMut(usize, usize, usize),
 ) {
+    let Some((last, outer)) = block.split_last() else {
+        // A scalar: its one element.
+        f(0, 0, 1);
+        return;
+    };
+    if block.iter().any(|b| b.len == 0) {
+        return;
+    }
     let local: Vec<usize> = block.iter().map(|b| b.padded).collect();
-    let n: usize = local.iter().product();
     let ls = ir::strides(&local);
     let gs = ir::strides(global);
-    for li in 0..n {
-        let mut gi = 0;
-        let mut inside = true;
-        for d in 0..local.len() {
-            let c = li / ls[d] % local[d];
-            if c >= block[d].len {
-                inside = false;
+    // Odometer over the outer dims' data coordinates (`< len`), last dim as one run.
+    let mut c = vec![0usize; outer.len()];
+    loop {
+        let mut li = 0;
+        let mut gi = last.offset;
+        for (d, &cd) in c.iter().enumerate() {
+            li += cd * ls[d];
+            gi += (block[d].offset + cd) * gs[d];
+        }
+        f(li, gi, last.len);
+        let mut d = outer.len();
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            c[d] += 1;
+            if c[d] < outer[d].len {
                 break;
             }
-            gi += (block[d].offset + c) * gs[d];
+            c[d] = 0;
         }
-        f(li, inside.then_some(gi));
     }
 }
 
@@ -482,10 +500,8 @@ impl HostTensor {
             n: usize,
         ) -> Vec<T> {
             let mut out = vec![T::default(); n];
-            for_each_block_elem(shape, block, |li, gi| {
-                if let Some(gi) = gi {
-                    out[li] = src[gi];
-                }
+            for_each_block_run(shape, block, |li, gi, len| {
+                out[li..li + len].copy_from_slice(&src[gi..gi + len]);
             });
             out
         }
@@ -506,10 +522,8 @@ impl HostTensor {
     /// Write a block's data (not its padding) into this tensor.
     pub fn set_block(&mut self, block: &[BlockDim], part: &HostTensor) {
         fn put<T: Copy>(dst: &mut [T], src: &[T], shape: &[usize], block: &[BlockDim]) {
-            for_each_block_elem(shape, block, |li, gi| {
-                if let Some(gi) = gi {
-                    dst[gi] = src[li];
-                }
+            for_each_block_run(shape, block, |li, gi, len| {
+                dst[gi..gi + len].copy_from_slice(&src[li..li + len]);
             });
         }
         let shape = self.ty.shape.clone();
@@ -525,6 +539,79 @@ impl HostTensor {
                 let src = part.to_f64_vec();
                 put(&mut dst, &src, &shape, block);
                 *self = HostTensor::from_f64_values(self.ty.clone(), &dst);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod block_tests {
+    use super::*;
+
+    /// Element by element: the block buffer index of every data element and its index in
+    /// the large tensor (the rule `block` and `set_block` implement by rows).
+    fn naive_pairs(global: &[usize], block: &[BlockDim]) -> Vec<(usize, usize)> {
+        let local: Vec<usize> = block.iter().map(|b| b.padded).collect();
+        let (ls, gs) = (ir::strides(&local), ir::strides(global));
+        let n: usize = local.iter().product();
+        (0..n)
+            .filter_map(|li| {
+                let mut gi = 0;
+                for d in 0..local.len() {
+                    let c = li / ls[d] % local[d];
+                    if c >= block[d].len {
+                        return None;
+                    }
+                    gi += (block[d].offset + c) * gs[d];
+                }
+                Some((li, gi))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn blocks_copy_their_data_rows_and_zero_their_padding() {
+        let bd = |offset, len, padded| BlockDim {
+            offset,
+            len,
+            padded,
+        };
+        let cases: Vec<(Vec<usize>, Vec<BlockDim>)> = vec![
+            (vec![], vec![]),
+            (vec![7], vec![bd(4, 3, 4)]),
+            (vec![6, 5], vec![bd(3, 3, 3), bd(0, 5, 5)]),
+            (vec![5, 7], vec![bd(3, 2, 3), bd(4, 3, 4)]),
+            (vec![4, 3, 8], vec![bd(2, 2, 2), bd(0, 3, 3), bd(4, 4, 4)]),
+            (vec![3, 4, 5], vec![bd(2, 1, 2), bd(3, 1, 2), bd(0, 5, 5)]),
+            (vec![3, 4], vec![bd(3, 0, 2), bd(0, 4, 4)]),
+        ];
+        for (global, block) in cases {
+            let n: usize = global.iter().product();
+            let t = HostTensor::from_f64_values(
+                Type::new(DType::F32, global.clone()),
+                &(0..n).map(|i| i as f64 + 1.0).collect::<Vec<_>>(),
+            );
+            let b = t.block(&block);
+            let got = b.to_f64_vec();
+            let mut want = vec![0.0; got.len()];
+            let pairs = naive_pairs(&global, &block);
+            for &(li, gi) in &pairs {
+                want[li] = (gi + 1) as f64;
+            }
+            assert_eq!(got, want, "block {global:?} {block:?}");
+            // Back into a zero tensor of the same dtype and of another one (through f64).
+            for dtype in [DType::F32, DType::F64] {
+                let mut g = HostTensor::zeros(Type::new(dtype, global.clone()));
+                g.set_block(&block, &b);
+                let mut want = vec![0.0; n];
+                for &(_, gi) in &pairs {
+                    want[gi] = (gi + 1) as f64;
+                }
+                assert_eq!(
+                    g.to_f64_vec(),
+                    want,
+                    "set_block {global:?} {block:?} {dtype:?}"
+                );
             }
         }
     }
