@@ -797,14 +797,32 @@ fn fill_splat(x: f64, dt: DType, o: LaneMut<'_>) {
 
 #[inline(always)]
 fn iota_chunk(stride: usize, size: usize, dt: DType, start: usize, o: LaneMut<'_>) {
-    /// `o[i] = f((start + i) / stride % size)`, counting without divisions.
-    fn fill<T>(o: &mut [T], stride: usize, size: usize, start: usize, f: impl Fn(usize) -> T) {
+    /// `o[i] = f((start + i) / stride % size)`, by runs: with `stride == 1` a run counts up
+    /// to `size` (consecutive values, vectorised), otherwise a run repeats one value
+    /// `stride` times (a fill). Two divisions per chunk, none per element.
+    #[inline(always)]
+    fn fill<T: Copy>(
+        o: &mut [T],
+        stride: usize,
+        size: usize,
+        start: usize,
+        f: impl Fn(usize) -> T,
+    ) {
         let mut q = (start / stride) % size;
         let mut r = start % stride;
-        for x in o {
-            *x = f(q);
-            r += 1;
-            if r == stride {
+        let mut i = 0;
+        while i < o.len() {
+            if stride == 1 {
+                let run = (size - q).min(o.len() - i);
+                for (t, x) in o[i..i + run].iter_mut().enumerate() {
+                    *x = f(q + t);
+                }
+                i += run;
+                q = 0;
+            } else {
+                let run = (stride - r).min(o.len() - i);
+                o[i..i + run].fill(f(q));
+                i += run;
                 r = 0;
                 q += 1;
                 if q == size {
@@ -1381,5 +1399,37 @@ pub fn run_fused_inplace(f: &Fused, inputs: &[&Data], out: &mut Data, inplace: O
         Data::BF16(o) => drive(f, inputs, o, inplace),
         Data::I32(o) => drive(f, inputs, o, inplace),
         Data::Bool(o) => drive(f, inputs, o, inplace),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Iota chunks written by runs equal `(start + i) / stride % size` at every chunk start
+    /// (mid-run, mid-period, wrapping), for counting (`stride == 1`) and repeating runs.
+    #[test]
+    fn iota_chunks_follow_the_index_rule() {
+        for (stride, size) in [(1, 1), (1, 7), (1, 4000), (3, 5), (16, 2), (1000, 3)] {
+            for start in [0, 1, 5, 999, 1024, 4001, 12345] {
+                for n in [0, 1, 17, 1024] {
+                    let want: Vec<i32> = (0..n)
+                        .map(|i| ((start + i) / stride % size) as i32)
+                        .collect();
+                    let mut i = vec![-1i32; n];
+                    iota_chunk(stride, size, DType::I32, start, LaneMut::I(&mut i));
+                    assert_eq!(i, want, "stride {stride} size {size} start {start} n {n}");
+                    let mut f = vec![-1.0f32; n];
+                    iota_chunk(stride, size, DType::F32, start, LaneMut::F(&mut f));
+                    assert!(f.iter().zip(&want).all(|(&f, &w)| f == w as f32));
+                    let mut d = vec![-1.0f64; n];
+                    iota_chunk(stride, size, DType::F64, start, LaneMut::D(&mut d));
+                    assert!(d.iter().zip(&want).all(|(&d, &w)| d == w as f64));
+                    let mut b = vec![false; n];
+                    iota_chunk(stride, size, DType::Bool, start, LaneMut::B(&mut b));
+                    assert!(b.iter().zip(&want).all(|(&b, &w)| b == (w != 0)));
+                }
+            }
+        }
     }
 }
