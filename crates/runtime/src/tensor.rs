@@ -117,12 +117,19 @@ impl Data {
 
     /// Every element as an `f64` (exact for every dtype; bool is 0 / 1).
     pub fn to_f64_vec(&self) -> Vec<f64> {
+        self.range_f64(0, self.len())
+    }
+
+    /// Elements `start .. start + len` as `f64` (as [`Data::to_f64_vec`]; panics past the
+    /// end): one row of a large result without converting the rest.
+    pub fn range_f64(&self, start: usize, len: usize) -> Vec<f64> {
+        let r = start..start + len;
         match self {
-            Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
-            Data::F64(v) => v.clone(),
-            Data::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
-            Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
-            Data::Bool(v) => v.iter().map(|&x| if x { 1.0 } else { 0.0 }).collect(),
+            Data::F32(v) => v[r].iter().map(|&x| x as f64).collect(),
+            Data::F64(v) => v[r].to_vec(),
+            Data::BF16(v) => v[r].iter().map(|x| x.to_f64()).collect(),
+            Data::I32(v) => v[r].iter().map(|&x| x as f64).collect(),
+            Data::Bool(v) => v[r].iter().map(|&x| if x { 1.0 } else { 0.0 }).collect(),
         }
     }
 }
@@ -214,8 +221,8 @@ impl HostTensor {
 
     /// All zeros (false for bool).
     pub fn zeros(ty: Type) -> HostTensor {
-        let n = ty.num_elements();
-        HostTensor::from_f64_values(ty, &vec![0.0; n])
+        let data = crate::kernels::zeros(ty.dtype, ty.num_elements());
+        HostTensor { ty, data }
     }
 
     /// A tensor of type `ty` from `f64` values, each converted to the dtype by

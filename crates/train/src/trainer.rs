@@ -735,17 +735,24 @@ fn beam_chunk(
         let rows: Vec<Option<&Example>> = rows_ex.iter().map(Some).collect();
         let batch = batch_tensors(&tr.cfg, tok, &rows);
         let (_, logits) = tr.evaluate(&batch)?;
-        let lg = logits.to_f64_vec();
         for s in 0..srcs.len() {
             let mut cands: Vec<Hyp> = Vec::new();
             for (j, h) in beams[s].iter().enumerate() {
                 let row = s * k + j;
-                let base = (row * l + t) * v;
-                let slice = &lg[base..base + v];
+                // Only position `t` of this row is read: convert just its `v` logits.
+                let slice = logits.data.range_f64((row * l + t) * v, v);
                 let m = slice.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let lse = m + slice.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+                // The `k` best ids (highest logit, lower id first on ties), in that order:
+                // selected, then only those sorted.
                 let mut ids: Vec<usize> = (0..v).collect();
-                ids.sort_by(|&a, &b2| slice[b2].total_cmp(&slice[a]).then(a.cmp(&b2)));
+                let better =
+                    |&a: &usize, &b2: &usize| slice[b2].total_cmp(&slice[a]).then(a.cmp(&b2));
+                if k < v {
+                    ids.select_nth_unstable_by(k, better);
+                    ids.truncate(k);
+                }
+                ids.sort_by(better);
                 for &id in ids.iter().take(k) {
                     let mut tokens = h.tokens.clone();
                     tokens.push(id as u32);
