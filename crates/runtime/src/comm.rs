@@ -152,9 +152,10 @@ pub fn gather_positions<'a>(
 /// Every mesh position in one process: collectives are copies between device buffers.
 ///
 /// Operand buffers handed to a collective are kept (at most two per device) and reused for
-/// the results of later collectives that overwrite every element (all-gather,
-/// reduce-scatter, all-to-all): the MoE layer's four all-to-alls have one size, and fresh
-/// buffers cost a page fault per 4 KiB (~90 MiB of them per step on 8 devices).
+/// the results of later collectives that overwrite every element (all-reduce, all-gather,
+/// reduce-scatter, all-to-all): the MoE layer's four all-to-alls have one size, a training
+/// step's gradient all-reduces repeat theirs, and fresh buffers cost a page fault per 4 KiB
+/// (~90 MiB of them per step on 8 devices).
 pub struct InProcess {
     n: usize,
     spare: std::sync::Mutex<Vec<Data>>,
@@ -450,10 +451,17 @@ impl Communicator for InProcess {
             let k = g.len();
             let shape = &ty.shape;
             let t = match op {
-                Op::AllReduce { .. } => HostTensor {
-                    ty: ty.clone(),
-                    data: red().clone(),
-                },
+                Op::AllReduce { .. } => {
+                    // Into a kept buffer (warm pages), not a fresh clone: a large gradient
+                    // all-reduce otherwise faults in every page of every member's copy.
+                    let r = red();
+                    let mut out = self.overwritten(r.dtype(), r.len());
+                    with_data2!(r, &mut out, a, b => b.copy_from_slice(a));
+                    HostTensor {
+                        ty: ty.clone(),
+                        data: out,
+                    }
+                }
                 Op::AllGather { dim, .. } => {
                     let mut os = shape.clone();
                     os[*dim] *= k;
