@@ -258,8 +258,8 @@ mod tests {
     /// Both vector builds (the AVX-512 one where the CPU has it, and the AVX2 one) against
     /// the reference rule, bit for bit.
     fn check(xs: &[f32]) {
-        let paths: [(&str, fn(&[f32], &mut [f32])); 2] =
-            [("dispatch", exp_f32), ("avx2", exp_f32_avx2)];
+        type Exp = fn(&[f32], &mut [f32]);
+        let paths: [(&str, Exp); 2] = [("dispatch", exp_f32), ("avx2", exp_f32_avx2)];
         for (name, f) in paths {
             let mut got = vec![0.0f32; xs.len()];
             f(xs, &mut got);
