@@ -3,7 +3,8 @@
 //! (`raw_sgemm_*`) next to the `gemm` crate and the core's FMA peak, the one-hot dispatch
 //! einsum (sparse path), a
 //! transpose of the expert buffer, and fused elementwise chains (a softmax-like chain and
-//! the ReLU backward chain). Throughput is reported in elements or FLOPs.
+//! the ReLU backward chain), and the `rng` op's Philox samples. Throughput is reported in
+//! elements or FLOPs.
 //!
 //! Run: `cargo bench -p runtime --bench kernels` (add `-- gemm` to filter). Criterion is
 //! built without plots (DEPENDENCIES.md pitfalls).
@@ -336,5 +337,40 @@ fn bench_fused(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_gemm, bench_transpose, bench_fused);
+/// The `rng` op (dropout masks, random routing): Philox samples of a `[1024, 1024]` block at
+/// an offset inside a larger global shape, uniform f32 and normal f32, one thread.
+fn bench_rng(c: &mut Criterion) {
+    let mut g = c.benchmark_group("rng");
+    g.sample_size(10);
+    let n = 1usize << 20;
+    g.throughput(Throughput::Elements(n as u64));
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let mut out = Data::F32(vec![0.0; n]);
+    for (name, dist) in [
+        ("uniform_f32_1M/1thread", ir::RngDist::Uniform),
+        ("normal_f32_1M/1thread", ir::RngDist::Normal),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                one.install(|| {
+                    runtime::kernels::layout::random(
+                        dist,
+                        3,
+                        &[4096, 2048],
+                        7,
+                        &[1024, 512],
+                        &[1024, 1024],
+                        &mut out,
+                    )
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_gemm, bench_transpose, bench_fused, bench_rng);
 criterion_main!(benches);
