@@ -95,16 +95,39 @@ pub fn scatter_add(
         add: impl Fn(A, A) -> A,
         narrow: impl Fn(A) -> T,
     ) {
-        let mut acc: Vec<A> = base.iter().map(|&b| widen(b)).collect();
+        // Rows no update reaches are the base's values (through the same widen/narrow);
+        // only the rows updates reach are accumulated, each in its own slot of a compact
+        // buffer (base row first, then its updates in index order, rounded once): a large
+        // table with few touched rows (an embedding gradient) costs no full-size f64 copy.
+        o.iter_mut()
+            .zip(base)
+            .for_each(|(o, &b)| *o = narrow(widen(b)));
+        // `P * A` rows of `inner` elements (also when `inner` is 0).
+        let rows = v[0] * v[1];
+        let mut slot = vec![u32::MAX; rows];
+        let mut touched: Vec<usize> = Vec::new();
+        let mut acc: Vec<A> = Vec::new();
         for_each_row(idx, v, |dst, src| {
             if let Some(d) = dst {
-                let a = &mut acc[d * inner..(d + 1) * inner];
+                if slot[d] == u32::MAX {
+                    slot[d] = touched.len() as u32;
+                    touched.push(d);
+                    acc.extend(base[d * inner..(d + 1) * inner].iter().map(|&b| widen(b)));
+                }
+                let at = slot[d] as usize * inner;
+                let a = &mut acc[at..at + inner];
                 for (a, &u) in a.iter_mut().zip(&upd[src * inner..(src + 1) * inner]) {
                     *a = add(*a, widen(u));
                 }
             }
         });
-        o.iter_mut().zip(&acc).for_each(|(o, &a)| *o = narrow(a));
+        for (t, &d) in touched.iter().enumerate() {
+            let a = &acc[t * inner..(t + 1) * inner];
+            o[d * inner..(d + 1) * inner]
+                .iter_mut()
+                .zip(a)
+                .for_each(|(o, &a)| *o = narrow(a));
+        }
     }
     match (base, upd, out) {
         (Data::F32(b), Data::F32(u), Data::F32(o)) => go(
