@@ -55,6 +55,34 @@ fn avx2() -> bool {
     })
 }
 
+/// `log2(e)`: `k = round(x log2 e)` in the range reduction `x = k ln 2 + r`.
+#[cfg(target_arch = "x86_64")]
+const LOG2E: f64 = std::f64::consts::LOG2_E;
+/// ln 2 split so that `k * LN2_HI` is exact for |k| < 2^11.
+#[cfg(target_arch = "x86_64")]
+const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
+#[cfg(target_arch = "x86_64")]
+const LN2_LO: f64 = std::f64::consts::LN_2 - LN2_HI;
+/// The Taylor coefficient of `r^11`, where Horner's rule starts.
+#[cfg(target_arch = "x86_64")]
+const TAYLOR_11: f64 = 1.0 / 39_916_800.0;
+/// The coefficients of `r^10` down to `r^0`, in Horner order (the AVX2 and AVX-512 builds
+/// run the same steps, so their f64 values are identical).
+#[cfg(target_arch = "x86_64")]
+const TAYLOR: [f64; 11] = [
+    1.0 / 3_628_800.0,
+    1.0 / 362_880.0,
+    1.0 / 40_320.0,
+    1.0 / 5_040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
 /// Whether this CPU has AVX-512F as well as AVX2 and FMA (detected once).
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
@@ -65,7 +93,7 @@ fn avx512() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::scalar;
+    use super::{scalar, LN2_HI, LN2_LO, LOG2E, TAYLOR, TAYLOR_11};
     use std::arch::x86_64::*;
 
     /// `exp` of eight f64 lanes in `[-103, 88]`: the same operations, in the same order, as
@@ -73,27 +101,12 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[inline]
     fn exp8(x: __m512d) -> __m512d {
-        const LOG2E: f64 = std::f64::consts::LOG2_E;
-        const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
-        const LN2_LO: f64 = std::f64::consts::LN_2 - LN2_HI;
         // Round to nearest integer, exceptions suppressed (imm 0x08).
         let k = _mm512_roundscale_pd::<0x08>(_mm512_mul_pd(x, _mm512_set1_pd(LOG2E)));
         let r = _mm512_fnmadd_pd(k, _mm512_set1_pd(LN2_HI), x);
         let r = _mm512_fnmadd_pd(k, _mm512_set1_pd(LN2_LO), r);
-        let mut p = _mm512_set1_pd(1.0 / 39_916_800.0);
-        for c in [
-            1.0 / 3_628_800.0,
-            1.0 / 362_880.0,
-            1.0 / 40_320.0,
-            1.0 / 5_040.0,
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-            1.0,
-            1.0,
-        ] {
+        let mut p = _mm512_set1_pd(TAYLOR_11);
+        for c in TAYLOR {
             p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(c));
         }
         let ki = _mm512_cvtpd_epi32(k);
@@ -156,37 +169,21 @@ mod avx512 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::scalar;
+    use super::{scalar, LN2_HI, LN2_LO, LOG2E, TAYLOR, TAYLOR_11};
     use std::arch::x86_64::*;
 
     /// `exp` of four f64 lanes, each in `[-103, 88]`: relative error below `2^-46`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     fn exp4(x: __m256d) -> __m256d {
-        const LOG2E: f64 = std::f64::consts::LOG2_E;
-        // ln 2 split so that `k * LN2_HI` is exact for |k| < 2^11.
-        const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
-        const LN2_LO: f64 = std::f64::consts::LN_2 - LN2_HI;
         let k = _mm256_round_pd::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_pd(x, _mm256_set1_pd(LOG2E)),
         );
         let r = _mm256_fnmadd_pd(k, _mm256_set1_pd(LN2_HI), x);
         let r = _mm256_fnmadd_pd(k, _mm256_set1_pd(LN2_LO), r);
         // |r| <= ln2/2: Taylor to r^11 leaves |r|^12/12! < 2^-47.
-        let mut p = _mm256_set1_pd(1.0 / 39_916_800.0);
-        for c in [
-            1.0 / 3_628_800.0,
-            1.0 / 362_880.0,
-            1.0 / 40_320.0,
-            1.0 / 5_040.0,
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-            1.0,
-            1.0,
-        ] {
+        let mut p = _mm256_set1_pd(TAYLOR_11);
+        for c in TAYLOR {
             p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(c));
         }
         // 2^k for k in [-149, 127]: the exponent field of a normal f64.
