@@ -947,20 +947,26 @@ fn dot_float<T: GemmFloat>(
     } else {
         None
     };
-    let rhs_cheaper = match (ln, rn) {
+    let rhs_first = match (ln, rn) {
         (Some(a), Some(b)) => (b as f64) * (m as f64) < (a as f64) * (n as f64),
         (None, Some(_)) => true,
         _ => false,
     };
-    let path = if rhs_cheaper && all_finite(l) {
-        DotPath::SparseRhs
-    } else if ln.is_some() && all_finite(r) {
-        DotPath::SparseLhs
-    } else if !rhs_cheaper && rn.is_some() && all_finite(l) {
-        DotPath::SparseRhs
-    } else {
-        DotPath::Dense
+    // A sparse side is taken when it is sparse and the other side finite (it leaves out
+    // `0 * x` terms): the preferred side first, then the other.
+    let takes = |p: DotPath| match p {
+        DotPath::SparseLhs => ln.is_some() && all_finite(r),
+        _ => rn.is_some() && all_finite(l),
     };
+    let order = if rhs_first {
+        [DotPath::SparseRhs, DotPath::SparseLhs]
+    } else {
+        [DotPath::SparseLhs, DotPath::SparseRhs]
+    };
+    let path = order
+        .into_iter()
+        .find(|&p| takes(p))
+        .unwrap_or(DotPath::Dense);
     // The GEMM reads permuted copies where strides do not merge; the sparse paths read the
     // operands in place.
     let done = if path == DotPath::Dense {

@@ -323,26 +323,18 @@ pub fn random(
 ) {
     let dtype = out.dtype();
     let rank = shape.len();
-    let gst: Vec<i64> = strides(global_shape).iter().map(|&s| s as i64).collect();
-    if rank == 0 || global_shape.len() != rank || offsets.len() != rank || gst[rank - 1] != 1 {
-        // A scalar (index 0), or ranks that do not line up (the verifier rejects those):
-        // element by element, through the reference's own index rule.
-        let st = strides(shape);
-        let sample = |i: usize| {
-            let g: Vec<i64> = (0..rank)
-                .map(|d| ((i / st[d]) % shape[d]) as i64 + offsets.get(d).copied().unwrap_or(0))
-                .collect();
-            rng::sample(
-                dist,
-                dtype,
-                seed,
-                stream,
-                rng::linear_index(global_shape, &g),
-            )
-        };
-        with_data!(out, v => v.iter_mut().enumerate().for_each(|(i, o)| *o = FromF64::from_f64(sample(i))));
+    assert!(
+        global_shape.len() == rank && offsets.len() == rank,
+        "rng: a {rank}-d result of a {}-d global shape with {} offsets (the verifier rejects this)",
+        global_shape.len(),
+        offsets.len()
+    );
+    if rank == 0 {
+        // A scalar: element 0.
+        with_data!(out, v => v[0] = FromF64::from_f64(rng::sample(dist, dtype, seed, stream, 0)));
         return;
     }
+    let gst: Vec<i64> = strides(global_shape).iter().map(|&s| s as i64).collect();
     let st = strides(shape);
     let last = shape[rank - 1];
     // The global index of the local element at `coords` (wrapping, as `rng::linear_index`).

@@ -158,7 +158,8 @@ pub fn sparse_available() -> bool {
 /// **Zero skipping** (exact, but for the sign of an underflowed zero): a row of `A` that is all zeros yields a row of zeros in `C`
 /// when the `B` it meets is finite, and a row of `B` that is all zeros adds nothing when the
 /// column of `A` it meets is finite; such rows are found by a scan that stops at the first
-/// non-zero (free on dense data) and left out of the packed blocks. This is the expert
+/// non-zero (free on dense data) and left out of the packed blocks (in GEMMs of at least
+/// `TINY` multiply-adds; a tiny one is multiplied in full). This is the expert
 /// buffer of an MoE layer: slots no token was dispatched to are zero rows in every expert
 /// GEMM, forward and backward. The finiteness conditions keep the result bitwise equal to
 /// the dense product (`0 * inf` is NaN there, so a non-finite block is multiplied in full),
