@@ -4,7 +4,10 @@
 //! [`NR`] (one panel stays in L1 while a block of `A` streams past it), `A` in `MC x KC`
 //! blocks into row panels of [`MR`] (the block stays in L2), and a `6 x 16` register
 //! micro-kernel keeps twelve 8-lane accumulators, so each `k` step costs two loads of `B`,
-//! six broadcasts of `A` and twelve FMAs. Packing reads any row/column strides, so a
+//! six broadcasts of `A` and twelve FMAs. On CPUs with AVX-512 the same packed panels are
+//! read three at a time by a `6 x 48` tile of sixteen-lane accumulators ([`wide`]: fewer
+//! instructions per FMA, the same bits; [`set_wide`] turns it off, for comparisons).
+//! Packing reads any row/column strides, so a
 //! transposed operand costs nothing extra; the result is written through its own strides
 //! (a transposed result is free too).
 //!
@@ -27,6 +30,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 mod sparse;
+mod wide;
 
 /// Rows of the micro-kernel tile.
 pub const MR: usize = 6;
@@ -128,6 +132,29 @@ impl Scratch {
 thread_local! {
     /// Packed `A`, packed `B`, and the row-sparse path's partial sums.
     static PACK: RefCell<(Scratch, Scratch, Scratch)> = RefCell::new(Default::default());
+}
+
+/// Whether the dense micro-kernel may use the AVX-512 tile ([`wide`]); on by default. Both
+/// tiles give the same bits (tests check that); this exists to compare them.
+static WIDE: AtomicBool = AtomicBool::new(true);
+
+/// Allow (`true`, the default) or forbid the AVX-512 `6 x 48` tile of the dense kernel.
+pub fn set_wide(on: bool) {
+    WIDE.store(on, Ordering::Relaxed);
+}
+
+/// Whether dense tiles are `6 x 48` on AVX-512 registers (else `6 x 16` on AVX2 ones).
+fn wide_tiles() -> bool {
+    WIDE.load(Ordering::Relaxed) && wide::available()
+}
+
+/// Columns of one dense tile: [`NR`], or [`wide::PANELS`] panels of it.
+fn tile_width() -> usize {
+    if wide_tiles() {
+        NR * wide::PANELS
+    } else {
+        NR
+    }
 }
 
 /// Whether a row-major `A` that is mostly zeros (a ReLU output or its masked gradient) may
@@ -326,7 +353,7 @@ unsafe fn sgemm_impl(
             let tiles = if sparse_a {
                 n.div_ceil(sparse::GROUP) * live.len() * ks.len().div_ceil(sparse::SLICE)
             } else {
-                n.div_ceil(NR) * live.len().div_ceil(MR) * ks.len().div_ceil(KC)
+                n.div_ceil(tile_width()) * live.len().div_ceil(MR) * ks.len().div_ceil(KC)
             };
             let mut fetch = Fetch::new(if tiny { &[] } else { ahead }, tiles);
             let bufs = Bufs { pa, pb, tmp };
@@ -366,6 +393,8 @@ unsafe fn blocked(
 ) {
     let Bufs { pa, pb, tmp } = bufs;
     let kk = ks.len();
+    let wide = wide_tiles();
+    let width = tile_width();
     // SAFETY (whole body): offsets stay inside the operands by the caller's contract.
     unsafe {
         for jc in (0..n).step_by(NC) {
@@ -417,8 +446,8 @@ unsafe fn blocked(
                         if !direct {
                             pack_a(rblk, kidx, a.ptr, a.rs, a.cs, pa);
                         }
-                        for jr in (0..nc).step_by(NR) {
-                            let nr = NR.min(nc - jr);
+                        for jr in (0..nc).step_by(width) {
+                            let nr = width.min(nc - jr);
                             let bp = pb[jr * kc..].as_ptr();
                             for (t, tile) in rblk.chunks(MR).enumerate() {
                                 fetch.next();
@@ -434,10 +463,18 @@ unsafe fn blocked(
                                     for (q, &i) in tile.iter().enumerate() {
                                         arow[q] = a.ptr.add(i * a.rs + kidx[0]);
                                     }
-                                    avx2::tile_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
+                                    if wide {
+                                        wide::tile_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
+                                    } else {
+                                        avx2::tile_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
+                                    }
                                 } else {
                                     let ap = pa[t * MR * kc..].as_ptr();
-                                    avx2::tile(kc, ap, bp, &crow, c.cs, mr, nr, first);
+                                    if wide {
+                                        wide::tile(kc, ap, bp, &crow, c.cs, mr, nr, first);
+                                    } else {
+                                        avx2::tile(kc, ap, bp, &crow, c.cs, mr, nr, first);
+                                    }
                                 }
                                 #[cfg(not(target_arch = "x86_64"))]
                                 {
@@ -567,13 +604,21 @@ unsafe fn pack_a(
         // SAFETY: `kk < kc` and `q < nq <= MR` keep the writes inside `panel`; every read is
         // an element `(i, k)` with `i` in `rows`, `k` in `kidx`.
         unsafe {
-            if run && nq == MR && rs == 1 && tile[MR - 1] - tile[0] == MR - 1 {
+            if nq == MR && rs == 1 && tile[MR - 1] - tile[0] == MR - 1 {
                 // A column-major A (a transposed activation in a weight gradient): the
                 // tile's rows are one contiguous run per step, moved whole (24 bytes), not
-                // as six scalar loads.
+                // as six scalar loads; also when steps are left out (the zero rows of an
+                // expert buffer as `B`).
                 let s0 = src[0];
-                for kk in 0..kc {
-                    std::ptr::copy_nonoverlapping(s0.add((k0 + kk) * cs), out.add(kk * MR), MR);
+                if run {
+                    for kk in 0..kc {
+                        let from = s0.add((k0 + kk) * cs);
+                        std::ptr::copy_nonoverlapping(from, out.add(kk * MR), MR);
+                    }
+                } else {
+                    for (kk, &k) in kidx.iter().enumerate() {
+                        std::ptr::copy_nonoverlapping(s0.add(k * cs), out.add(kk * MR), MR);
+                    }
                 }
             } else if run && nq == MR {
                 for kk in 0..kc {
@@ -631,6 +676,45 @@ unsafe fn pack_b<const W: usize>(
     if cs == 1 {
         // Rows contiguous: read each row once, in order (a panel-by-panel walk would jump a
         // whole row ahead per element, across pages, where no prefetcher follows).
+        #[cfg(target_arch = "x86_64")]
+        {
+            // One pass per row: each whole chunk moved as two vectors, its finiteness
+            // folded in from the same registers (`x * 0` is NaN exactly for a non-finite
+            // `x`, and a NaN survives the sum); the remainder as below.
+            use std::arch::x86_64::*;
+            let whole = nc / NR * NR;
+            // SAFETY: AVX2 (this function's target); reads stay inside row `k`'s `nc`
+            // floats, writes inside its chunks of `dst`.
+            unsafe {
+                let zero = _mm256_setzero_ps();
+                let mut nan = zero;
+                for (kk, &k) in kidx.iter().enumerate() {
+                    let row = b.add(k * rs);
+                    for j in (0..whole).step_by(NR) {
+                        let v0 = _mm256_loadu_ps(row.add(j));
+                        let v1 = _mm256_loadu_ps(row.add(j + 8));
+                        let d = dst.as_mut_ptr().add(at(j, kk));
+                        _mm256_storeu_ps(d, v0);
+                        _mm256_storeu_ps(d.add(8), v1);
+                        if check {
+                            nan = _mm256_add_ps(nan, _mm256_mul_ps(v0, zero));
+                            nan = _mm256_add_ps(nan, _mm256_mul_ps(v1, zero));
+                        }
+                    }
+                    if whole < nc {
+                        let part = std::slice::from_raw_parts(row.add(whole), nc - whole);
+                        if check {
+                            finite &= part.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0));
+                        }
+                        let at = at(whole, kk);
+                        dst[at..at + part.len()].copy_from_slice(part);
+                    }
+                }
+                finite &= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(nan, nan)) == 0;
+            }
+            return finite;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         for (kk, &k) in kidx.iter().enumerate() {
             // SAFETY: `nc` contiguous elements of row `k`.
             let src = unsafe { std::slice::from_raw_parts(b.add(k * rs), nc) };
@@ -649,6 +733,7 @@ unsafe fn pack_b<const W: usize>(
                 }
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
         return finite;
     }
     for j0 in (0..nc).step_by(NR) {
@@ -1064,6 +1149,95 @@ mod tests {
             (11, 31, 70),
         ] {
             check(m, n, k, &values(m * k, 1), &values(k * n, 2));
+        }
+    }
+
+    /// `C = A B` for every layout (A, B, C each plain or transposed), as `C`'s row-major
+    /// values per layout.
+    fn all_layouts(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<Vec<f32>> {
+        let at: Vec<f32> = (0..k * m).map(|x| a[(x % m) * k + x / m]).collect();
+        let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+        (0..8)
+            .map(|layout| {
+                let (ta, tb, tc) = (layout & 1 != 0, layout & 2 != 0, layout & 4 != 0);
+                let (ap, ars, acs) = if ta { (&at, 1, m) } else { (&a.to_vec(), k, 1) };
+                let (bp, brs, bcs) = if tb { (&bt, 1, k) } else { (&b.to_vec(), n, 1) };
+                let ar = MatRef {
+                    ptr: ap.as_ptr(),
+                    rs: ars,
+                    cs: acs,
+                };
+                let br = MatRef {
+                    ptr: bp.as_ptr(),
+                    rs: brs,
+                    cs: bcs,
+                };
+                let mut c = vec![f32::NAN; m * n];
+                let cm = if tc {
+                    MatMut::strided(c.as_mut_ptr(), 1, m)
+                } else {
+                    MatMut::strided(c.as_mut_ptr(), n, 1)
+                };
+                // SAFETY: AVX2 checked by the caller; the strides address exactly the vectors.
+                unsafe { sgemm(m, n, k, ar, br, cm) };
+                if tc {
+                    (0..m * n).map(|x| c[(x % n) * m + x / n]).collect()
+                } else {
+                    c
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn wide_tiles_give_the_avx2_tiles_bits() {
+        if !available() || !wide::available() {
+            eprintln!("skipped: no AVX-512F");
+            return;
+        }
+        // Irregular values, so that any change of the summation order shows in the bits;
+        // partial tiles in both directions, several `KC` blocks, zero rows (skipped) and a
+        // non-finite value (the dead rows multiplied after all).
+        let vals = |len: usize, seed: u64| -> Vec<f32> {
+            let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                })
+                .collect()
+        };
+        for &(m, n, k) in &[
+            (128, 512, 128),
+            (13, 47, 300),
+            (100, 1030, 257),
+            (6, 48, 512),
+            (7, 97, 9),
+            (1, 33, 600),
+        ] {
+            let mut a = vals(m * k, 1);
+            let mut b = vals(k * n, 2);
+            for i in (0..m).step_by(5) {
+                a[i * k..(i + 1) * k].fill(0.0);
+            }
+            for p in (0..k).step_by(7) {
+                b[p * n..(p + 1) * n].fill(0.0);
+            }
+            let runs = |a: &[f32], b: &[f32]| {
+                set_wide(false);
+                let narrow = all_layouts(m, n, k, a, b);
+                set_wide(true);
+                let wide = all_layouts(m, n, k, a, b);
+                for (layout, (x, y)) in narrow.iter().zip(&wide).enumerate() {
+                    let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same, "{m}x{n}x{k} layout {layout}: the tiles' bits differ");
+                }
+            };
+            runs(&a, &b);
+            b[(k - 1) * n + n / 2] = f32::INFINITY;
+            runs(&a, &b);
         }
     }
 

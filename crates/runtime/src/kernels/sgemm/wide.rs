@@ -1,0 +1,282 @@
+//! The dense micro-kernel on AVX-512 registers: a `6 x 16P` tile (`P` packed `B` panels
+//! side by side, `6 P` sixteen-lane accumulators).
+//!
+//! Zen 4 splits a 512-bit FMA over its two 256-bit pipes, so the FMA peak is the AVX2 one;
+//! what the wider registers buy is fewer instructions per FMA. The AVX2 `6 x 16` tile
+//! issues two loads of `B` and six broadcasts of `A` for every twelve 8-lane FMAs (six
+//! cycles): 1.3 loads and 3.3 instructions per cycle. A `6 x 48` tile issues three loads and
+//! six broadcasts for eighteen 16-lane FMAs (eighteen cycles). On one expert of the smaller
+//! benchmark shape (one thread, hot caches) that is the difference between ~100 and ~110
+//! GFLOP/s; the `gemm` crate's AVX-512 kernels reach ~110 too, but skip no zero rows.
+//!
+//! The panels are the AVX2 kernel's (`NR = 16` columns, packed step after step), read `P`
+//! at a time, and every output element is the same FMA chain in increasing step order, so
+//! the two kernels give the same bits.
+
+#[cfg(target_arch = "x86_64")]
+use super::{MR, NR};
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Panels per tile: a `6 x 48` tile, eighteen accumulators.
+pub(super) const PANELS: usize = 3;
+
+/// Whether this CPU runs the kernel (AVX-512F).
+pub(super) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The accumulators of an `R x 16P` tile.
+#[cfg(target_arch = "x86_64")]
+type Acc<const R: usize, const P: usize> = [[__m512; P]; R];
+
+/// Lane mask of the first `n` of 16 lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn lanes(n: usize) -> __mmask16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        (1u16 << n) - 1
+    }
+}
+
+/// Write (`first`) or add the accumulators to the left `nr` columns of the `R` C rows.
+///
+/// # Safety
+/// As [`kernel`] for `c`. Always inlined into its kernel, so the accumulators stay in
+/// registers.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn store<const R: usize, const P: usize>(
+    acc: &Acc<R, P>,
+    c: &[*mut f32; MR],
+    cs: usize,
+    nr: usize,
+    first: bool,
+) {
+    // SAFETY: the caller's contract bounds every element written; masked loads and stores
+    // touch only the `nr` columns.
+    unsafe {
+        if cs == 1 {
+            // Small loop bodies, so that they unroll fully and the accumulators never leave
+            // the registers (a loop that indexes them would keep them in memory).
+            let mut m = [0xffff; P];
+            for (q, m) in m.iter_mut().enumerate() {
+                *m = lanes(nr.saturating_sub(q * NR));
+            }
+            if first {
+                for i in 0..R {
+                    for q in 0..P {
+                        _mm512_mask_storeu_ps(c[i].add(q * NR), m[q], acc[i][q]);
+                    }
+                }
+            } else {
+                for i in 0..R {
+                    for q in 0..P {
+                        let at = c[i].add(q * NR);
+                        let v = _mm512_add_ps(_mm512_maskz_loadu_ps(m[q], at), acc[i][q]);
+                        _mm512_mask_storeu_ps(at, m[q], v);
+                    }
+                }
+            }
+            return;
+        }
+        // Strided columns: the tile goes through memory first (with unrolled stores, as
+        // above), then element by element.
+        let mut tile = [[[0.0f32; NR]; P]; R];
+        for i in 0..R {
+            for q in 0..P {
+                _mm512_storeu_ps(tile[i][q].as_mut_ptr(), acc[i][q]);
+            }
+        }
+        for (row, &p) in tile.iter().zip(c) {
+            for (j, &x) in row.as_flattened().iter().enumerate().take(nr) {
+                let at = p.add(j * cs);
+                *at = if first { x } else { *at + x };
+            }
+        }
+    }
+}
+
+/// Start fetching the C tile's lines: its stores come after `kc` steps.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch_c<const P: usize>(c: &[*mut f32], cs: usize) {
+    if cs == 1 {
+        for &p in c {
+            for q in 0..P {
+                // Prefetches never fault.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(q * NR) as *const i8);
+            }
+        }
+    }
+}
+
+/// The `R x 16P` micro-kernel: `C[tile] (=|+=) A · B` over `kc` steps, `A` row `i` of the
+/// tile at `a(i, p)` for step `p` (a packed panel or a row read in place), `B` panel `q`'s
+/// step `p` at `b + q * ps + p * NR`; writes the left `nr` columns of rows `c[..R]`,
+/// columns `cs` apart (`first`: overwrite, else accumulate).
+///
+/// # Safety
+/// AVX-512F; every `a(i, p)` (`i < R`, `p < kc`) readable; `P` panels of `kc * NR` floats
+/// readable from `b`, `ps` apart; the `R x nr` elements `c[i] + j*cs` writable and touched
+/// by no other thread.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn kernel<const R: usize, const P: usize>(
+    kc: usize,
+    a: impl Fn(usize, usize) -> *const f32,
+    b: *const f32,
+    ps: usize,
+    c: &[*mut f32; MR],
+    cs: usize,
+    nr: usize,
+    first: bool,
+) {
+    // SAFETY: the caller's contract bounds every pointer offset below.
+    unsafe {
+        prefetch_c::<P>(&c[..R], cs);
+        let mut acc: Acc<R, P> = [[_mm512_setzero_ps(); P]; R];
+        let mut bp = b;
+        for p in 0..kc {
+            let mut bv = [_mm512_setzero_ps(); P];
+            for (q, y) in bv.iter_mut().enumerate() {
+                *y = _mm512_loadu_ps(bp.add(q * ps));
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let ai = _mm512_set1_ps(*a(i, p));
+                for (x, &y) in row.iter_mut().zip(&bv) {
+                    *x = _mm512_fmadd_ps(ai, y, *x);
+                }
+            }
+            bp = bp.add(NR);
+        }
+        store::<R, P>(&acc, c, cs, nr, first);
+    }
+}
+
+/// `f::<mr, p>(args)`: the kernel instance of a tile's height (1 to 6) and panels (1 to 3).
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_shape {
+    ($mr:expr, $p:expr, $f:ident($($arg:expr),*)) => {
+        match ($mr, $p) {
+            (6, 3) => $f::<6, 3>($($arg),*),
+            (6, 2) => $f::<6, 2>($($arg),*),
+            (6, _) => $f::<6, 1>($($arg),*),
+            (5, 3) => $f::<5, 3>($($arg),*),
+            (5, 2) => $f::<5, 2>($($arg),*),
+            (5, _) => $f::<5, 1>($($arg),*),
+            (4, 3) => $f::<4, 3>($($arg),*),
+            (4, 2) => $f::<4, 2>($($arg),*),
+            (4, _) => $f::<4, 1>($($arg),*),
+            (3, 3) => $f::<3, 3>($($arg),*),
+            (3, 2) => $f::<3, 2>($($arg),*),
+            (3, _) => $f::<3, 1>($($arg),*),
+            (2, 3) => $f::<2, 3>($($arg),*),
+            (2, 2) => $f::<2, 2>($($arg),*),
+            (2, _) => $f::<2, 1>($($arg),*),
+            (_, 3) => $f::<1, 3>($($arg),*),
+            (_, 2) => $f::<1, 2>($($arg),*),
+            (_, _) => $f::<1, 1>($($arg),*),
+        }
+    };
+}
+
+/// [`kernel`] on a packed A panel (step `p`, row `i` at `a[p * MR + i]`).
+///
+/// # Safety
+/// As [`kernel`], with `kc * MR` floats readable at `a`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+unsafe fn packed<const R: usize, const P: usize>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    ps: usize,
+    c: &[*mut f32; MR],
+    cs: usize,
+    nr: usize,
+    first: bool,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { kernel::<R, P>(kc, |i, p| a.add(p * MR + i), b, ps, c, cs, nr, first) }
+}
+
+/// [`kernel`] reading A in place (row `i` of the tile: `kc` contiguous floats at `a[i]`).
+///
+/// # Safety
+/// As [`kernel`], with `kc` floats readable at each `a[i]`, `i < R`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+unsafe fn rows<const R: usize, const P: usize>(
+    kc: usize,
+    a: &[*const f32; MR],
+    b: *const f32,
+    ps: usize,
+    c: &[*mut f32; MR],
+    cs: usize,
+    nr: usize,
+    first: bool,
+) {
+    let r: [*const f32; R] = std::array::from_fn(|i| a[i]);
+    // SAFETY: the caller's contract.
+    unsafe { kernel::<R, P>(kc, |i, p| r[i].add(p), b, ps, c, cs, nr, first) }
+}
+
+/// One `mr x nr` tile (`nr <= PANELS * NR`) from a packed A panel.
+///
+/// # Safety
+/// As [`kernel`] with `R = mr` (`1 <= mr <= MR`), `P = nr.div_ceil(NR)`, `kc * MR` floats
+/// readable at `a`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn tile(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: &[*mut f32; MR],
+    cs: usize,
+    mr: usize,
+    nr: usize,
+    first: bool,
+) {
+    let ps = kc * NR;
+    // SAFETY: the caller's contract.
+    unsafe { by_shape!(mr, nr.div_ceil(NR), packed(kc, a, b, ps, c, cs, nr, first)) }
+}
+
+/// One `mr x nr` tile (`nr <= PANELS * NR`) reading A in place.
+///
+/// # Safety
+/// As [`kernel`] with `R = mr` (`1 <= mr <= MR`), `P = nr.div_ceil(NR)`, `kc` floats
+/// readable at each `a[i]`, `i < mr`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn tile_rows(
+    kc: usize,
+    a: &[*const f32; MR],
+    b: *const f32,
+    c: &[*mut f32; MR],
+    cs: usize,
+    mr: usize,
+    nr: usize,
+    first: bool,
+) {
+    let ps = kc * NR;
+    // SAFETY: the caller's contract.
+    unsafe { by_shape!(mr, nr.div_ceil(NR), rows(kc, a, b, ps, c, cs, nr, first)) }
+}
