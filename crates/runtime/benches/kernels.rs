@@ -156,13 +156,15 @@ fn bench_gemm(c: &mut Criterion) {
             })
         });
     }
-    // Our AVX2 micro-kernel GEMM called directly on one expert's shapes (one thread):
+    // Our micro-kernel GEMM called directly on one expert's shapes (one thread):
     // up-projection, down-projection, and the weight gradient (A read transposed); names
     // are `m x n x k`. The `relu_` rows give the small expert's down-projection a ReLU
     // output (half of A zero) with the row-sparse path forbidden or allowed (AVX-512 only;
-    // the same bits).
+    // the same bits); the `avx2tile_` rows use the AVX2 6x16 tile where the CPU has the AVX-512 one.
     if runtime::kernels::sgemm::available() {
-        use runtime::kernels::sgemm::{set_sparse_a, sgemm, sparse_available, MatMut, MatRef};
+        use runtime::kernels::sgemm::{
+            set_sparse_a, set_wide, sgemm, sparse_available, MatMut, MatRef,
+        };
         for (name, m, n, k, a_t, sparse) in [
             ("raw_sgemm_256x1024x256", 256, 1024, 256, false, None),
             ("raw_sgemm_256x256x1024", 256, 256, 1024, false, None),
@@ -170,6 +172,9 @@ fn bench_gemm(c: &mut Criterion) {
             ("raw_sgemm_512x512x512", 512, 512, 512, false, None),
             // The smaller benchmark shape's expert (G*C=128 tokens, M=128, H=512).
             ("raw_sgemm_128x512x128", 128, 512, 128, false, None),
+            // The same with the AVX2 6x16 tile instead of the AVX-512 6x48 one (same bits).
+            ("avx2tile_sgemm_128x512x128", 128, 512, 128, false, None),
+            ("avx2tile_sgemm_512x512x512", 512, 512, 512, false, None),
             ("raw_sgemm_128x128x512", 128, 128, 512, false, None),
             ("raw_sgemm_T512x128x128", 512, 128, 128, true, None),
             (
@@ -215,6 +220,7 @@ fn bench_gemm(c: &mut Criterion) {
             g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
             g.bench_function(format!("{name}/1thread"), |bch| {
                 set_sparse_a(sparse.unwrap_or(true));
+                set_wide(!name.starts_with("avx2tile"));
                 bch.iter(|| {
                     let br = MatRef {
                         ptr: bm.as_ptr(),
@@ -226,6 +232,7 @@ fn bench_gemm(c: &mut Criterion) {
                     unsafe { sgemm(m, n, k, ar, br, cw) }
                 });
                 set_sparse_a(true);
+                set_wide(true);
             });
         }
     }
