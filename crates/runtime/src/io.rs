@@ -7,7 +7,8 @@
 //! `F16` -> f32 always. The rest (fp8, fp4/fp6, complex) are [`IoError::UnsupportedDType`].
 //! A corrupt or truncated buffer is an error naming what is wrong, never a panic. Tensors come
 //! back in file (data-offset) order. safetensors data is not aligned, so elements are decoded
-//! one by one with `from_le_bytes`.
+//! one by one with `from_le_bytes`. Written headers list every object's keys in sorted
+//! order, so the same tensors and metadata always give the same bytes.
 
 use crate::tensor::{Data, HostTensor};
 use half::{bf16, f16};
@@ -87,7 +88,56 @@ pub fn write_safetensors(
     let views = tensors
         .iter()
         .map(|(n, t)| (n.as_str(), TensorBytes::new(t)));
-    Ok(safetensors::serialize(views, metadata)?)
+    let mut bytes = safetensors::serialize(views, metadata)?;
+    canonical_header(&mut bytes);
+    Ok(bytes)
+}
+
+/// Rewrite the JSON header of safetensors `bytes` with every object's keys in sorted order
+/// (the same length: only the order changes), so that the same tensors and metadata give
+/// the same bytes in every run. `safetensors` writes the metadata from a `HashMap`, whose
+/// order changes from one process (and one map) to the next: two checkpoints of the same
+/// state would differ in their header.
+fn canonical_header(bytes: &mut [u8]) {
+    fn write(v: &serde_json::Value, out: &mut String) {
+        match v {
+            serde_json::Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                    out.push(':');
+                    write(&m[k], out);
+                }
+                out.push('}');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let Some(len) = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+    else {
+        return;
+    };
+    let Some(header) = bytes.get_mut(8..8 + len) else {
+        return;
+    };
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(header) else {
+        return;
+    };
+    let mut out = String::with_capacity(len);
+    write(&value, &mut out);
+    // The same compact JSON in another order has the same length; the padding (spaces up to
+    // the data's alignment) stays where it was. Anything else is left as written.
+    let used = header.iter().rposition(|&b| b != b' ').map_or(0, |p| p + 1);
+    if out.len() == used {
+        header[..used].copy_from_slice(out.as_bytes());
+    }
 }
 
 /// A host tensor as little-endian bytes, for `safetensors::serialize`.

@@ -66,6 +66,32 @@ fn round_trip_all_dtypes_with_metadata() {
 }
 
 #[test]
+fn the_same_tensors_and_metadata_give_the_same_bytes() {
+    // Each map iterates in its own order (`RandomState` per map); the header does not.
+    let ts = sample_tensors();
+    let meta = || -> HashMap<String, String> {
+        (0..12)
+            .map(|i| (format!("key{i}"), format!("value \"{i}\" ü")))
+            .collect()
+    };
+    let first = write(&ts, Some(meta()));
+    for _ in 0..20 {
+        assert!(
+            write(&ts, Some(meta())) == first,
+            "the header's bytes changed"
+        );
+    }
+    // Still a valid file with the same contents, and the metadata keys in sorted order.
+    let (back, m) = read_safetensors(&first).unwrap();
+    assert_eq!(back.len(), ts.len());
+    assert_eq!(m, Some(meta()));
+    let len = u64::from_le_bytes(first[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&first[8..8 + len]).unwrap();
+    let at = |k: &str| header.find(&format!("\"{k}\"")).unwrap();
+    assert!(at("key0") < at("key1") && at("key1") < at("key10") && at("key10") < at("key2"));
+}
+
+#[test]
 fn round_trip_without_metadata_and_nan_bits() {
     let t = HostTensor::from_f32(vec![2], vec![f32::NAN, -f32::NAN]);
     let bytes = write(&[("n".to_string(), t.clone())], None);
