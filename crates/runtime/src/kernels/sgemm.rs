@@ -1238,6 +1238,37 @@ mod tests {
             runs(&a, &b);
             b[(k - 1) * n + n / 2] = f32::INFINITY;
             runs(&a, &b);
+            // A result with both strides above one (every other element of every other
+            // row): the tiles' element-by-element store.
+            let strided = || {
+                let mut c = vec![f32::NAN; 4 * m * n];
+                let cm = MatMut::strided(c.as_mut_ptr(), 4 * n, 2);
+                let (ar, br) = (
+                    MatRef {
+                        ptr: a.as_ptr(),
+                        rs: k,
+                        cs: 1,
+                    },
+                    MatRef {
+                        ptr: b.as_ptr(),
+                        rs: n,
+                        cs: 1,
+                    },
+                );
+                // SAFETY: AVX2 checked above; row `m-1`, column `n-1` is inside `c`.
+                unsafe { sgemm(m, n, k, ar, br, cm) };
+                c
+            };
+            set_wide(false);
+            let narrow = strided();
+            set_wide(true);
+            let wide = strided();
+            let same = narrow
+                .iter()
+                .zip(&wide)
+                .all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "{m}x{n}x{k} strided result: the tiles' bits differ");
+            assert!(wide[1].is_nan() && wide[2 * n..4 * n].iter().all(|x| x.is_nan()));
         }
     }
 
