@@ -22,9 +22,12 @@
 //! bits are the same (but for the sign of a zero sum after an underflow, as with the zero
 //! rows [`sgemm`] skips; [`set_sparse_a`] turns the path off, for comparisons).
 //!
-//! Why not only the `gemm` crate: on this AVX2 machine its f32 path reached 79 % of the FMA
-//! peak on the MoE expert shapes (`256 x 256 x 1024`); this kernel is the difference between
-//! that and the ~90 % the issue asks for (figures in `benches/kernels.rs` and the README).
+//! Why not only the `gemm` crate: its dense rates are this kernel's (with its AVX-512 build,
+//! `x86-v4`; its AVX2 build reached 79 % of the FMA peak on the MoE expert shapes), but it
+//! cannot skip an expert buffer's zero rows, multiply a ReLU output by its non-zeros, fetch
+//! the next expert's operands or write through an output offset table (a fused transpose);
+//! it stays the fallback for f64 and for CPUs without AVX2 (figures in `benches/kernels.rs`
+//! and docs/performance.md).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,9 +5,10 @@
 //! what the wider registers buy is fewer instructions per FMA. The AVX2 `6 x 16` tile
 //! issues two loads of `B` and six broadcasts of `A` for every twelve 8-lane FMAs (six
 //! cycles): 1.3 loads and 3.3 instructions per cycle. A `6 x 48` tile issues three loads and
-//! six broadcasts for eighteen 16-lane FMAs (eighteen cycles). On one expert of the smaller
-//! benchmark shape (one thread, hot caches) that is the difference between ~100 and ~110
-//! GFLOP/s; the `gemm` crate's AVX-512 kernels reach ~110 too, but skip no zero rows.
+//! six broadcasts for eighteen 16-lane FMAs (eighteen cycles). On the smaller benchmark
+//! shape's expert GEMMs (one thread, hot caches) that took 95-105 GFLOP/s to 98-108 (512^3:
+//! 107 to 111; the FMA peak is 116); the `gemm` crate's AVX-512 kernels reach 109-114 on
+//! the same shapes, but skip no zero rows and write no offset tables.
 //!
 //! The panels are the AVX2 kernel's (`NR = 16` columns, packed step after step), read `P`
 //! at a time, and every output element is the same FMA chain in increasing step order, so
