@@ -167,18 +167,9 @@ pub unsafe fn block(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::super::lanes;
     use super::{GROUP, SLICE};
     use std::arch::x86_64::*;
-
-    /// Lane mask of the first `n` of 16 lanes.
-    #[inline(always)]
-    fn lanes(n: usize) -> __mmask16 {
-        if n >= 16 {
-            0xffff
-        } else {
-            (1u16 << n) - 1
-        }
-    }
 
     /// The non-zeros of the `kc` floats at `a` as packed-row offsets `kk * GROUP` and values,
     /// and in `start[s]` where slice `s` (steps `s * SLICE..`) begins (`start[slices]`: the

@@ -15,7 +15,7 @@
 //! the two kernels give the same bits.
 
 #[cfg(target_arch = "x86_64")]
-use super::{MR, NR};
+use super::{lanes, MR, NR};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -37,17 +37,6 @@ pub(super) fn available() -> bool {
 /// The accumulators of an `R x 16P` tile.
 #[cfg(target_arch = "x86_64")]
 type Acc<const R: usize, const P: usize> = [[__m512; P]; R];
-
-/// Lane mask of the first `n` of 16 lanes.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn lanes(n: usize) -> __mmask16 {
-    if n >= 16 {
-        0xffff
-    } else {
-        (1u16 << n) - 1
-    }
-}
 
 /// Write (`first`) or add the accumulators to the left `nr` columns of the `R` C rows.
 ///
