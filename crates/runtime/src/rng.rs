@@ -75,8 +75,7 @@ pub fn bits_run(seed: i32, stream: u64, first: u64, x0: &mut [u32], mut x1: Opti
         done = unsafe { avx2::bits_run(key, c2, first, x0, x1.as_deref_mut()) };
     }
     for t in done..x0.len() {
-        let i = first.wrapping_add(t as u64);
-        let w = philox4x32_10([i as u32, (i >> 32) as u32, c2, 0], key);
+        let w = random_bits(seed, stream, first.wrapping_add(t as u64));
         x0[t] = w[0];
         if let Some(x1) = x1.as_deref_mut() {
             x1[t] = w[1];
@@ -214,13 +213,24 @@ pub fn random_bits(seed: i32, stream: u64, index: u64) -> [u32; 4] {
 /// Row-major linear index of `coords` in `global_shape` (wrapping for coordinates outside
 /// the shape; see the module doc).
 pub fn linear_index(global_shape: &[usize], coords: &[i64]) -> u64 {
-    let strides = ir::strides(global_shape);
-    coords.iter().zip(&strides).fold(0i64, |acc, (&c, &s)| {
-        acc.wrapping_add(c.wrapping_mul(s as i64))
-    }) as u64
+    let strides: Vec<i64> = ir::strides(global_shape)
+        .iter()
+        .map(|&s| s as i64)
+        .collect();
+    index_by_strides(&strides, coords.iter().copied())
 }
 
-const TWO_POW_M24: f64 = 1.0 / 16_777_216.0;
+/// [`linear_index`] with the global shape's row-major `strides` given (computed once by a
+/// caller that indexes many coordinates).
+pub fn index_by_strides(strides: &[i64], coords: impl IntoIterator<Item = i64>) -> u64 {
+    coords
+        .into_iter()
+        .zip(strides)
+        .fold(0i64, |acc, (c, &s)| acc.wrapping_add(c.wrapping_mul(s))) as u64
+}
+
+/// `2^-24`: a uniform sample is the top 24 bits of a word times this.
+pub(crate) const TWO_POW_M24: f64 = 1.0 / 16_777_216.0;
 
 /// The uniform sample of `bits` in `[0, 1)`, as an f64 (exact in f32).
 pub fn uniform_from_bits(bits: [u32; 4]) -> f64 {

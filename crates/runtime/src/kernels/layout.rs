@@ -337,15 +337,13 @@ pub fn random(
     let gst: Vec<i64> = strides(global_shape).iter().map(|&s| s as i64).collect();
     let st = strides(shape);
     let last = shape[rank - 1];
-    // The global index of the local element at `coords` (wrapping, as `rng::linear_index`).
+    // The global index of the local element at `coords` (as `rng::linear_index`).
     let index_of = |coords: &[usize]| -> u64 {
-        coords
+        let global = coords
             .iter()
             .zip(offsets)
-            .zip(&gst)
-            .fold(0i64, |acc, ((&c, &o), &s)| {
-                acc.wrapping_add((c as i64).wrapping_add(o).wrapping_mul(s))
-            }) as u64
+            .map(|(&c, &o)| (c as i64).wrapping_add(o));
+        rng::index_by_strides(&gst, global)
     };
     const CHUNK: usize = 4096;
     let normal = dist == RngDist::Normal;
@@ -402,7 +400,7 @@ impl Sampled for f32 {
             #[inline(always)]
             || {
                 for (o, &a) in dst.iter_mut().zip(x0) {
-                    *o = (a >> 8) as f32 * (1.0 / 16_777_216.0);
+                    *o = (a >> 8) as f32 * rng::TWO_POW_M24 as f32;
                 }
             },
         )
@@ -411,7 +409,7 @@ impl Sampled for f32 {
 impl Sampled for f64 {
     fn uniform(dst: &mut [f64], x0: &[u32], _: DType) {
         for (o, &a) in dst.iter_mut().zip(x0) {
-            *o = (a >> 8) as f64 * (1.0 / 16_777_216.0);
+            *o = (a >> 8) as f64 * rng::TWO_POW_M24;
         }
     }
 }

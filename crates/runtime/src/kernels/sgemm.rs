@@ -407,8 +407,8 @@ unsafe fn blocked(
 ) {
     let Bufs { pa, pb, tmp } = bufs;
     let kk = ks.len();
-    let wide = wide_tiles();
     let width = tile_width();
+    let wide = width > NR;
     // SAFETY (whole body): offsets stay inside the operands by the caller's contract.
     unsafe {
         for jc in (0..n).step_by(NC) {
@@ -1087,51 +1087,13 @@ mod tests {
     /// Every layout (A, B, C each plain or transposed) against the naive product.
     fn check(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) {
         let want = naive(m, n, k, a, b);
-        let at: Vec<f32> = (0..k * m).map(|x| a[(x % m) * k + x / m]).collect();
-        let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
-        for layout in 0..8 {
-            let (ta, tb, tc) = (layout & 1 != 0, layout & 2 != 0, layout & 4 != 0);
-            let ar = if ta {
-                MatRef {
-                    ptr: at.as_ptr(),
-                    rs: 1,
-                    cs: m,
-                }
-            } else {
-                MatRef {
-                    ptr: a.as_ptr(),
-                    rs: k,
-                    cs: 1,
-                }
-            };
-            let br = if tb {
-                MatRef {
-                    ptr: bt.as_ptr(),
-                    rs: 1,
-                    cs: k,
-                }
-            } else {
-                MatRef {
-                    ptr: b.as_ptr(),
-                    rs: n,
-                    cs: 1,
-                }
-            };
-            let mut c = vec![f32::NAN; m * n];
-            let cm = if tc {
-                MatMut::strided(c.as_mut_ptr(), 1, m)
-            } else {
-                MatMut::strided(c.as_mut_ptr(), n, 1)
-            };
-            // SAFETY: AVX2 checked by the callers; the strides address exactly the vectors.
-            unsafe { sgemm(m, n, k, ar, br, cm) };
+        for (layout, got) in all_layouts(m, n, k, a, b).iter().enumerate() {
             for i in 0..m {
                 for j in 0..n {
-                    let got = if tc { c[j * m + i] } else { c[i * n + j] };
-                    let w = want[i * n + j];
+                    let (g, w) = (got[i * n + j], want[i * n + j]);
                     assert!(
-                        close(got, w),
-                        "{m}x{n}x{k} layout {layout} ({i},{j}): {got} vs {w}"
+                        close(g, w),
+                        "{m}x{n}x{k} layout {layout} ({i},{j}): {g} vs {w}"
                     );
                 }
             }
@@ -1174,8 +1136,8 @@ mod tests {
         (0..8)
             .map(|layout| {
                 let (ta, tb, tc) = (layout & 1 != 0, layout & 2 != 0, layout & 4 != 0);
-                let (ap, ars, acs) = if ta { (&at, 1, m) } else { (&a.to_vec(), k, 1) };
-                let (bp, brs, bcs) = if tb { (&bt, 1, k) } else { (&b.to_vec(), n, 1) };
+                let (ap, ars, acs) = if ta { (&at[..], 1, m) } else { (a, k, 1) };
+                let (bp, brs, bcs) = if tb { (&bt[..], 1, k) } else { (b, n, 1) };
                 let ar = MatRef {
                     ptr: ap.as_ptr(),
                     rs: ars,
