@@ -152,10 +152,10 @@ pub fn gather_positions<'a>(
 /// Every mesh position in one process: collectives are copies between device buffers.
 ///
 /// Operand buffers handed to a collective are kept (at most two per device) and reused for
-/// the results of later collectives that overwrite every element (all-reduce, all-gather,
-/// reduce-scatter, all-to-all): the MoE layer's four all-to-alls have one size, a training
-/// step's gradient all-reduces repeat theirs, and fresh buffers cost a page fault per 4 KiB
-/// (~90 MiB of them per step on 8 devices).
+/// the results of later collectives that overwrite every element (all-gather,
+/// reduce-scatter, all-to-all): the MoE layer's four all-to-alls have one size, and fresh
+/// buffers cost a page fault per 4 KiB (~90 MiB of them per step on 8 devices). An
+/// all-reduce writes each member's result over that member's own operand.
 pub struct InProcess {
     n: usize,
     spare: std::sync::Mutex<Vec<Data>>,
