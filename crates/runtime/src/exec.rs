@@ -1670,6 +1670,13 @@ impl Dev<'_> {
                         }
                         None => run_fused_part(f, &ins_data, bb * mn, x, *slot, None),
                     };
+                    let epi_in: Vec<&[f32]> = ins_data
+                        .iter()
+                        .filter_map(|d| match d {
+                            Data::F32(x) => Some(x.as_slice()),
+                            _ => None,
+                        })
+                        .collect();
                     dot_then(
                         plan,
                         &exe.program.instrs[l].ty.shape,
@@ -1678,6 +1685,7 @@ impl Dev<'_> {
                         rv,
                         dv,
                         &epi,
+                        &epi_in,
                     )
                 };
                 flops = plan.flops();

@@ -523,6 +523,16 @@ unsafe impl<T: Send> Send for OutPtr<T> {}
 // SAFETY: as above; shared references never read through the pointer.
 unsafe impl<T: Send> Sync for OutPtr<T> {}
 
+/// What a GEMM fetches into cache while it computes: the operands of `next`, the batch entry
+/// its thread multiplies next, and `epi`, the `(address, floats)` spans the epilogue that runs
+/// right after it reads (the ReLU gradient's pre-activation, which comes from the forward
+/// and is cold).
+#[derive(Clone, Copy, Default)]
+struct Ahead<'a> {
+    next: Option<usize>,
+    epi: &'a [(usize, usize)],
+}
+
 /// One dense GEMM into batch entry `ob` of the result.
 #[allow(clippy::too_many_arguments)]
 fn gemm_one<T: GemmFloat>(
@@ -534,7 +544,7 @@ fn gemm_one<T: GemmFloat>(
     out: OutPtr<T>,
     ob: usize,
     par: gemm::Parallelism,
-    next: Option<usize>,
+    ahead: Ahead,
 ) {
     let (rows, cols) = (p.out.row_off.as_deref(), p.out.col_off.as_deref());
     let is_f32 = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
@@ -557,7 +567,7 @@ fn gemm_one<T: GemmFloat>(
             (p.out.rs, rows),
             (p.out.cs, cols),
             par,
-            next,
+            ahead,
         );
     }
     // Rows and columns both at their own offsets (or no micro-kernel): multiply into a
@@ -569,7 +579,7 @@ fn gemm_one<T: GemmFloat>(
             ptr: tmp.as_mut_ptr(),
             len: tmp.len(),
         };
-        gemm_strided(p, l, lb, r, rb, tp, 0, (n, None), (1, None), par, next);
+        gemm_strided(p, l, lb, r, rb, tp, 0, (n, None), (1, None), par, ahead);
         assert!(ob + p.out.last(m, n) < out.len);
         for i in 0..m {
             let o = ob + p.out.row(i);
@@ -597,7 +607,7 @@ fn gemm_strided<T: GemmFloat>(
     (ors, rows): (usize, Option<&[usize]>),
     (ocs, cols): (usize, Option<&[usize]>),
     par: gemm::Parallelism,
-    next: Option<usize>,
+    ahead: Ahead,
 ) {
     let (m, n, k) = (p.m, p.n, p.k);
     let (lrs, lcs, rrs, rcs) = (p.lhs.rs, p.lhs.cs, p.rhs.rs, p.rhs.cs);
@@ -684,13 +694,27 @@ fn gemm_strided<T: GemmFloat>(
             };
             // An absent span is empty, which the fetcher skips (no allocation per GEMM).
             let none = (std::ptr::null(), 0);
-            let ahead = next.map_or([none; 2], |bb| {
+            let next = ahead.next.map_or([none; 2], |bb| {
                 [
                     span(l, p.lhs.batch_off[bb], lrs, lcs, m, k).unwrap_or(none),
                     span(r, p.rhs.batch_off[bb], rrs, rcs, k, n).unwrap_or(none),
                 ]
             });
-            part(0, &ahead);
+            // The epilogue's spans too when everything fits the fetch budget (else the
+            // fetcher would fetch nothing): they are read right after this GEMM.
+            let floats = |s: &[(usize, usize)]| s.iter().map(|x| x.1).sum::<usize>();
+            let next_floats = next.iter().map(|x| x.1).sum::<usize>();
+            if ahead.epi.is_empty() || 4 * (floats(ahead.epi) + next_floats) > sgemm::FETCH_BUDGET {
+                part(0, &next);
+            } else {
+                let mut all: Vec<(*const f32, usize)> = ahead
+                    .epi
+                    .iter()
+                    .map(|&(a, len)| (a as *const f32, len))
+                    .collect();
+                all.extend_from_slice(&next);
+                part(0, &all);
+            }
         } else {
             (0..len)
                 .step_by(step)
@@ -905,6 +929,7 @@ fn sparse_rhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: u
 /// A per-batch-entry epilogue: `epi(bb, entry)` with entry `bb`'s finished `m x n` result.
 pub type Epilogue<'a, T> = &'a (dyn Fn(usize, &mut [T]) + Sync);
 
+#[allow(clippy::too_many_arguments)]
 fn dot_float<T: GemmFloat>(
     p: &DotPlan,
     lhs_shape: &[usize],
@@ -913,6 +938,7 @@ fn dot_float<T: GemmFloat>(
     r: &[T],
     out: &mut [T],
     epi: Option<Epilogue<T>>,
+    epi_in: &[usize],
 ) -> DotPath {
     let (b, m, n, k) = (p.b, p.m, p.n, p.k);
     // Entries the GEMM loop did not hand to the epilogue get it afterwards, in parallel.
@@ -973,10 +999,10 @@ fn dot_float<T: GemmFloat>(
         T::with_scratch(|lbuf, rbuf| {
             let l = p.lhs.prepare(lhs_shape, l, lbuf);
             let r = p.rhs.prepare(rhs_shape, r, rbuf);
-            dense_or_sparse(p, path, l, r, out, epi)
+            dense_or_sparse(p, path, l, r, out, epi, epi_in)
         })
     } else {
-        dense_or_sparse(p, path, l, r, out, epi)
+        dense_or_sparse(p, path, l, r, out, epi, epi_in)
     };
     if !done {
         after(out);
@@ -993,6 +1019,7 @@ fn dense_or_sparse<T: GemmFloat>(
     r: &[T],
     out: &mut [T],
     epi: Option<Epilogue<T>>,
+    epi_in: &[usize],
 ) -> bool {
     let b = p.b;
     let threads = rayon::current_num_threads().max(1);
@@ -1015,7 +1042,7 @@ fn dense_or_sparse<T: GemmFloat>(
                 p.rhs.batch_off[bb],
                 p.out.batch_off[bb],
             );
-            gemm_one(p, l, lb, r, rb, optr, ob, par, next)
+            gemm_one(p, l, lb, r, rb, optr, ob, par, Ahead { next, epi: &[] })
         }
     };
     let sparse = path != DotPath::Dense;
@@ -1030,7 +1057,10 @@ fn dense_or_sparse<T: GemmFloat>(
                 len: x.len(),
             };
             let next = (bb + 1 < b).then_some(bb + 1);
-            gemm_one(p, l, lb, r, rb, o, 0, gemm::Parallelism::None, next);
+            let spans: Vec<(usize, usize)> =
+                epi_in.iter().map(|&a| (a + 4 * bb * mn, mn)).collect();
+            let ahead = Ahead { next, epi: &spans };
+            gemm_one(p, l, lb, r, rb, o, 0, gemm::Parallelism::None, ahead);
             epi(bb, x);
         });
         return true;
@@ -1101,15 +1131,15 @@ pub fn dot(
 ) -> DotPath {
     match (lhs, rhs, out) {
         (Data::F32(l), Data::F32(r), Data::F32(o)) => {
-            dot_float(p, lhs_shape, l, rhs_shape, r, o, None)
+            dot_float(p, lhs_shape, l, rhs_shape, r, o, None, &[])
         }
         (Data::F64(l), Data::F64(r), Data::F64(o)) => {
-            dot_float(p, lhs_shape, l, rhs_shape, r, o, None)
+            dot_float(p, lhs_shape, l, rhs_shape, r, o, None, &[])
         }
         (Data::BF16(l), Data::BF16(r), Data::BF16(o)) => {
             let (l, r) = (widen(l), widen(r));
             let mut acc = vec![0.0f32; o.len()];
-            let path = dot_float(p, lhs_shape, &l, rhs_shape, &r, &mut acc, None);
+            let path = dot_float(p, lhs_shape, &l, rhs_shape, &r, &mut acc, None, &[]);
             o.par_iter_mut()
                 .with_min_len(1 << 14)
                 .zip(&acc)
@@ -1368,6 +1398,9 @@ fn dot8_impl(a: &[f32], b: &[f32]) -> f32 {
 /// `bb * m * n`; the plan must not write transposed). A dense batch split over the pool
 /// runs each entry's epilogue right after its GEMM, while the entry is still in cache (an
 /// elementwise consumer fused into the GEMM's output: no second pass over memory).
+/// `epi_in`: the buffers the epilogue reads; those as long as the result have each entry's
+/// part fetched into cache while the entry's GEMM computes (within the fetch budget).
+#[allow(clippy::too_many_arguments)]
 pub fn dot_then(
     p: &DotPlan,
     lhs_shape: &[usize],
@@ -1376,9 +1409,17 @@ pub fn dot_then(
     rhs: &[f32],
     out: &mut [f32],
     epi: Epilogue<f32>,
+    epi_in: &[&[f32]],
 ) -> DotPath {
     assert!(!p.transposed, "an epilogue needs the untransposed result");
-    dot_float(p, lhs_shape, lhs, rhs_shape, rhs, out, Some(epi))
+    // Inputs the epilogue reads elementwise (as long as the result): each entry's part is
+    // fetched into cache while the entry's GEMM computes.
+    let spans: Vec<usize> = epi_in
+        .iter()
+        .filter(|x| x.len() == out.len())
+        .map(|x| x.as_ptr() as usize)
+        .collect();
+    dot_float(p, lhs_shape, lhs, rhs_shape, rhs, out, Some(epi), &spans)
 }
 
 /// The dtype a dot accumulates in (for documentation and profiles).
