@@ -220,8 +220,9 @@ pub unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatMu
 }
 
 /// [`sgemm`], fetching the memory of `ahead` (`(start, floats)` spans: the next GEMM's
-/// operands) into cache a few lines per micro-tile, so the next GEMM finds them there
-/// instead of waiting on memory while it packs. A batch of expert GEMMs is bound by the
+/// operands, the input of an epilogue that runs right after this GEMM) into cache a few
+/// lines per micro-tile, so the next GEMM finds them there instead of waiting on memory
+/// while it packs (up to [`FETCH_BUDGET`] bytes in all). A batch of expert GEMMs is bound by the
 /// memory bandwidth otherwise: each expert's weights are read once per use.
 ///
 /// # Safety
