@@ -213,20 +213,20 @@ pub fn random_bits(seed: i32, stream: u64, index: u64) -> [u32; 4] {
 /// Row-major linear index of `coords` in `global_shape` (wrapping for coordinates outside
 /// the shape; see the module doc).
 pub fn linear_index(global_shape: &[usize], coords: &[i64]) -> u64 {
-    let strides: Vec<i64> = ir::strides(global_shape)
-        .iter()
-        .map(|&s| s as i64)
-        .collect();
-    index_by_strides(&strides, coords.iter().copied())
+    let strides = ir::strides(global_shape);
+    index_by_strides(strides.iter().map(|&s| s as i64), coords.iter().copied())
 }
 
 /// [`linear_index`] with the global shape's row-major `strides` given (computed once by a
 /// caller that indexes many coordinates).
-pub fn index_by_strides(strides: &[i64], coords: impl IntoIterator<Item = i64>) -> u64 {
+pub fn index_by_strides(
+    strides: impl IntoIterator<Item = i64>,
+    coords: impl IntoIterator<Item = i64>,
+) -> u64 {
     coords
         .into_iter()
         .zip(strides)
-        .fold(0i64, |acc, (c, &s)| acc.wrapping_add(c.wrapping_mul(s))) as u64
+        .fold(0i64, |acc, (c, s)| acc.wrapping_add(c.wrapping_mul(s))) as u64
 }
 
 /// `2^-24`: a uniform sample is the top 24 bits of a word times this.

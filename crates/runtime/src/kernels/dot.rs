@@ -527,7 +527,7 @@ unsafe impl<T: Send> Sync for OutPtr<T> {}
 /// its thread multiplies next, and `epi`, the `(address, floats)` spans the epilogue that runs
 /// right after it reads (the ReLU gradient's pre-activation, which comes from the forward
 /// and is cold).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Ahead<'a> {
     next: Option<usize>,
     epi: &'a [(usize, usize)],
@@ -700,20 +700,18 @@ fn gemm_strided<T: GemmFloat>(
                     span(r, p.rhs.batch_off[bb], rrs, rcs, k, n).unwrap_or(none),
                 ]
             });
-            // The epilogue's spans too when everything fits the fetch budget (else the
-            // fetcher would fetch nothing): they are read right after this GEMM.
-            let floats = |s: &[(usize, usize)]| s.iter().map(|x| x.1).sum::<usize>();
-            let next_floats = next.iter().map(|x| x.1).sum::<usize>();
-            if ahead.epi.is_empty() || 4 * (floats(ahead.epi) + next_floats) > sgemm::FETCH_BUDGET {
+            if ahead.epi.is_empty() {
                 part(0, &next);
             } else {
+                // The epilogue's spans too (read right after this GEMM) when everything fits
+                // the fetch budget; else only the next entry's (over it, nothing is fetched).
                 let mut all: Vec<(*const f32, usize)> = ahead
                     .epi
                     .iter()
                     .map(|&(a, len)| (a as *const f32, len))
                     .collect();
                 all.extend_from_slice(&next);
-                part(0, &all);
+                part(0, if sgemm::fetch_fits(&all) { &all } else { &next });
             }
         } else {
             (0..len)

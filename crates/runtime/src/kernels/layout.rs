@@ -343,7 +343,7 @@ pub fn random(
             .iter()
             .zip(offsets)
             .map(|(&c, &o)| (c as i64).wrapping_add(o));
-        rng::index_by_strides(&gst, global)
+        rng::index_by_strides(gst.iter().copied(), global)
     };
     const CHUNK: usize = 4096;
     let normal = dist == RngDist::Normal;

@@ -520,12 +520,17 @@ struct Fetch {
 /// alternating).
 pub const FETCH_BUDGET: usize = 640 << 10;
 
+/// Whether [`sgemm_ahead`] fetches `spans` (their cache lines fit [`FETCH_BUDGET`]).
+pub fn fetch_fits(spans: &[(*const f32, usize)]) -> bool {
+    Fetch::lines(&Fetch::line_spans(spans)) * Fetch::LINE <= FETCH_BUDGET
+}
+
 impl Fetch {
     const LINE: usize = 64;
 
-    /// Fetch `spans` over `calls` calls of [`Fetch::next`].
-    fn new(spans: &[(*const f32, usize)], calls: usize) -> Fetch {
-        let spans: Vec<(usize, usize)> = spans
+    /// `(first line, end)` byte addresses of the non-empty `spans`, the last span first.
+    fn line_spans(spans: &[(*const f32, usize)]) -> Vec<(usize, usize)> {
+        spans
             .iter()
             .rev()
             .filter(|s| s.1 > 0)
@@ -533,8 +538,18 @@ impl Fetch {
                 let start = p as usize & !(Self::LINE - 1);
                 (start, p as usize + len * 4)
             })
-            .collect();
-        let lines: usize = spans.iter().map(|s| (s.1 - s.0).div_ceil(Self::LINE)).sum();
+            .collect()
+    }
+
+    /// Cache lines of spans from [`Fetch::line_spans`].
+    fn lines(spans: &[(usize, usize)]) -> usize {
+        spans.iter().map(|s| (s.1 - s.0).div_ceil(Self::LINE)).sum()
+    }
+
+    /// Fetch `spans` over `calls` calls of [`Fetch::next`].
+    fn new(spans: &[(*const f32, usize)], calls: usize) -> Fetch {
+        let spans = Self::line_spans(spans);
+        let lines = Self::lines(&spans);
         // Larger operands would push the running GEMM's own blocks out of L2 (measured:
         // 256x256x1024 experts lose 6 % when 512 KiB + 1 MiB are fetched ahead); the
         // hardware prefetchers keep up with those, whose GEMMs are long per byte.
