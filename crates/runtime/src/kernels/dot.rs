@@ -526,11 +526,13 @@ unsafe impl<T: Send> Sync for OutPtr<T> {}
 /// What a GEMM fetches into cache while it computes: the operands of `next`, the batch entry
 /// its thread multiplies next, and `epi`, the `(address, floats)` spans the epilogue that runs
 /// right after it reads (the ReLU gradient's pre-activation, which comes from the forward
-/// and is cold).
+/// and is cold), and `out`, the `(address, floats)` span the next entry's result is written
+/// to (a store into a line not in cache waits for the line first).
 #[derive(Clone, Copy)]
 struct Ahead<'a> {
     next: Option<usize>,
     epi: &'a [(usize, usize)],
+    out: (usize, usize),
 }
 
 /// One dense GEMM into batch entry `ob` of the result.
@@ -700,18 +702,29 @@ fn gemm_strided<T: GemmFloat>(
                     span(r, p.rhs.batch_off[bb], rrs, rcs, k, n).unwrap_or(none),
                 ]
             });
+            let out_next = (ahead.out.0 as *const f32, ahead.out.1);
             if ahead.epi.is_empty() {
-                part(0, &next);
+                // The next entry's result too when it fits the fetch budget.
+                let all = [next[0], next[1], out_next];
+                part(0, if sgemm::fetch_fits(&all) { &all } else { &next });
             } else {
                 // The epilogue's spans too (read right after this GEMM) when everything fits
-                // the fetch budget; else only the next entry's (over it, nothing is fetched).
+                // the fetch budget, else only the next entry's operands (over it, nothing is
+                // fetched); the next entry's result when that fits as well.
                 let mut all: Vec<(*const f32, usize)> = ahead
                     .epi
                     .iter()
                     .map(|&(a, len)| (a as *const f32, len))
                     .collect();
                 all.extend_from_slice(&next);
-                part(0, if sgemm::fetch_fits(&all) { &all } else { &next });
+                if !sgemm::fetch_fits(&all) {
+                    all = next.to_vec();
+                }
+                all.push(out_next);
+                if !sgemm::fetch_fits(&all) {
+                    all.pop();
+                }
+                part(0, &all);
             }
         } else {
             (0..len)
@@ -1040,12 +1053,34 @@ fn dense_or_sparse<T: GemmFloat>(
                 p.rhs.batch_off[bb],
                 p.out.batch_off[bb],
             );
-            gemm_one(p, l, lb, r, rb, optr, ob, par, Ahead { next, epi: &[] })
+            // The next entry's result when it is one compact block.
+            let out = next
+                .filter(|_| !p.transposed && p.out.row_off.is_none() && p.out.col_off.is_none())
+                .map_or((0, 0), |nb| {
+                    let at = optr.ptr as usize + size_of::<T>() * p.out.batch_off[nb];
+                    (at, p.m * p.n)
+                });
+            gemm_one(
+                p,
+                l,
+                lb,
+                r,
+                rb,
+                optr,
+                ob,
+                par,
+                Ahead {
+                    next,
+                    epi: &[],
+                    out,
+                },
+            )
         }
     };
     let sparse = path != DotPath::Dense;
     if let (Some(epi), false) = (epi, sparse || b < 2 * threads || p.transposed) {
         let mn = p.m * p.n;
+        let base = out.as_ptr() as usize;
         out.par_chunks_mut(mn).enumerate().for_each(|(bb, x)| {
             // The untransposed result: entry `bb` is exactly this chunk.
             debug_assert_eq!(p.out.batch_off[bb], bb * mn);
@@ -1057,7 +1092,12 @@ fn dense_or_sparse<T: GemmFloat>(
             let next = (bb + 1 < b).then_some(bb + 1);
             let spans: Vec<(usize, usize)> =
                 epi_in.iter().map(|&a| (a + 4 * bb * mn, mn)).collect();
-            let ahead = Ahead { next, epi: &spans };
+            let out = next.map_or((0, 0), |nb| (base + size_of::<T>() * nb * mn, mn));
+            let ahead = Ahead {
+                next,
+                epi: &spans,
+                out,
+            };
             gemm_one(p, l, lb, r, rb, o, 0, gemm::Parallelism::None, ahead);
             epi(bb, x);
         });

@@ -465,7 +465,14 @@ unsafe fn blocked(
                             let nr = width.min(nc - jr);
                             let bp = pb[jr * kc..].as_ptr();
                             for (t, tile) in rblk.chunks(MR).enumerate() {
-                                fetch.next();
+                                // The wide kernel spreads its share of the fetches over its
+                                // steps; the AVX2 one takes them before the tile.
+                                let pf = if wide {
+                                    fetch.take()
+                                } else {
+                                    fetch.next();
+                                    (0, 0)
+                                };
                                 let mut crow = [std::ptr::null_mut(); MR];
                                 for (q, &i) in tile.iter().enumerate() {
                                     crow[q] = c.row(i).add((jc + jr) * c.cs);
@@ -479,14 +486,16 @@ unsafe fn blocked(
                                         arow[q] = a.ptr.add(i * a.rs + kidx[0]);
                                     }
                                     if wide {
-                                        wide::tile_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
+                                        wide::tile_rows(
+                                            kc, &arow, bp, &crow, c.cs, mr, nr, first, pf,
+                                        );
                                     } else {
                                         avx2::tile_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
                                     }
                                 } else {
                                     let ap = pa[t * MR * kc..].as_ptr();
                                     if wide {
-                                        wide::tile(kc, ap, bp, &crow, c.cs, mr, nr, first);
+                                        wide::tile(kc, ap, bp, &crow, c.cs, mr, nr, first, pf);
                                     } else {
                                         avx2::tile(kc, ap, bp, &crow, c.cs, mr, nr, first);
                                     }
@@ -502,6 +511,8 @@ unsafe fn blocked(
                 }
             }
         }
+        // Lines the tiles' runs left over at span ends (a few, if any).
+        fetch.rest();
     }
 }
 
@@ -509,8 +520,11 @@ unsafe fn blocked(
 struct Fetch {
     /// Remaining spans as `(next line, end)` byte addresses, the current one last.
     spans: Vec<(usize, usize)>,
-    /// Lines per call of [`Fetch::next`].
+    /// Lines per call of [`Fetch::next`] or [`Fetch::take`].
     quota: usize,
+    /// Lines of past [`Fetch::take`] calls not yet handed out (a run stops where its span
+    /// ends; the next call makes up for it).
+    owed: usize,
 }
 
 /// The most bytes [`sgemm_ahead`] fetches during one call (over it, nothing is fetched):
@@ -557,12 +571,40 @@ impl Fetch {
             return Fetch {
                 spans: Vec::new(),
                 quota: 0,
+                owed: 0,
             };
         }
         Fetch {
             spans,
             quota: lines.div_ceil(calls.max(1)),
+            owed: 0,
         }
+    }
+
+    /// The next few lines as one contiguous run `(address, lines)`, for the caller to fetch
+    /// (spread over its loop).
+    #[inline]
+    fn take(&mut self) -> (usize, usize) {
+        let Some(cur) = self.spans.last_mut() else {
+            return (0, 0);
+        };
+        self.owed += self.quota;
+        let left = (cur.1 - cur.0).div_ceil(Self::LINE);
+        let n = self.owed.min(left);
+        self.owed -= n;
+        let at = cur.0;
+        cur.0 += n * Self::LINE;
+        if cur.0 >= cur.1 {
+            self.spans.pop();
+        }
+        (at, n)
+    }
+
+    /// Fetch every line not handed out yet (what [`Fetch::take`] runs left over where spans
+    /// ended mid-run).
+    fn rest(&mut self) {
+        self.quota = usize::MAX;
+        self.next();
     }
 
     /// Fetch the next few lines.
@@ -1125,6 +1167,48 @@ mod tests {
         (0..len)
             .map(|i| (((i * 7 + seed) % 13) as f32 - 6.0) / 4.0)
             .collect()
+    }
+
+    #[test]
+    fn fetch_runs_cover_every_line_of_the_spans_within_the_calls() {
+        // Unaligned spans of several sizes, fetched over more or fewer calls than lines.
+        // Apart in one buffer, so that no two spans share a line.
+        let x = vec![0.0f32; 10_000];
+        let spans = [
+            (x[3..].as_ptr(), 997),
+            (x[2000..].as_ptr(), 37),
+            (x[5001..].as_ptr(), 4000),
+        ];
+        let want: std::collections::BTreeSet<usize> = Fetch::line_spans(&spans)
+            .iter()
+            .flat_map(|&(s, e)| (s..e).step_by(Fetch::LINE))
+            .collect();
+        for calls in [1, 3, 7, 64, 1000] {
+            let mut f = Fetch::new(&spans, calls);
+            let mut got = std::collections::BTreeSet::new();
+            for _ in 0..calls {
+                let (at, n) = f.take();
+                for q in 0..n {
+                    assert!(got.insert(at + q * Fetch::LINE), "line fetched twice");
+                }
+            }
+            // What is left for `rest`: at most a call's share per span end.
+            let left: usize = f
+                .spans
+                .iter()
+                .map(|s| (s.1 - s.0).div_ceil(Fetch::LINE))
+                .sum();
+            assert!(
+                left <= spans.len() * f.quota,
+                "{calls} calls leave {left} lines"
+            );
+            while let (at, n @ 1..) = f.take() {
+                for q in 0..n {
+                    assert!(got.insert(at + q * Fetch::LINE), "line fetched twice");
+                }
+            }
+            assert_eq!(got, want, "{calls} calls");
+        }
     }
 
     #[test]
