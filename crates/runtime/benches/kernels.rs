@@ -1,7 +1,7 @@
 //! Criterion benches of the executor's key kernels: dense square GEMMs and the expert GEMMs
 //! (one thread and the batched pool), our AVX2 GEMM called directly on one expert's shapes
-//! (`raw_sgemm_*`) next to the `gemm` crate and the core's FMA peak, the one-hot dispatch
-//! einsum (sparse path), a
+//! (`raw_sgemm_*`) next to the `gemm` crate and the core's FMA peak, cold expert GEMMs with
+//! and without the fetch-ahead (`expert_cold_*`), the one-hot dispatch einsum (sparse path), a
 //! transpose of the expert buffer, and fused elementwise chains (a softmax-like chain and
 //! the ReLU backward chain), and the `rng` op's Philox samples. Throughput is reported in
 //! elements or FLOPs.
@@ -253,6 +253,52 @@ fn bench_gemm(c: &mut Criterion) {
     g.bench_function("dispatch_onehot_sparse", |b| {
         b.iter(|| dot(&plan, &ls, &l, &rs, &r, &mut out))
     });
+    // Cold expert GEMMs: 128 sets of 128x512x128 operands and results (~74 MB, past the L3),
+    // one after the other on one thread, each fetching the next set's operands and result
+    // block while it computes (`ahead`) or not (`cold`): the fetch-ahead's effect, which the
+    // hot benches above cannot show (docs/performance.md, "Session of 2026-11-26 (second)").
+    #[cfg(target_arch = "x86_64")]
+    if runtime::kernels::sgemm::available() {
+        use runtime::kernels::sgemm::{sgemm_ahead, MatMut, MatRef};
+        let (m, n, k, sets) = (128usize, 512usize, 128usize, 128usize);
+        let a: Vec<Vec<f32>> = (0..sets).map(|q| data(m * k, 10 + q as u32)).collect();
+        let b: Vec<Vec<f32>> = (0..sets).map(|q| data(k * n, 500 + q as u32)).collect();
+        let mut c: Vec<Vec<f32>> = (0..sets).map(|_| vec![0.0; m * n]).collect();
+        g.throughput(Throughput::Elements((2 * m * n * k * sets) as u64));
+        for (name, fetch) in [
+            ("expert_cold_128x512x128/ahead", true),
+            ("expert_cold_128x512x128/cold", false),
+        ] {
+            g.bench_function(name, |bch| {
+                bch.iter(|| {
+                    for q in 0..sets {
+                        let nx = (q + 1) % sets;
+                        let spans = [
+                            (a[nx].as_ptr(), m * k),
+                            (b[nx].as_ptr(), k * n),
+                            (c[nx].as_ptr(), m * n),
+                        ];
+                        let ar = MatRef {
+                            ptr: a[q].as_ptr(),
+                            rs: k,
+                            cs: 1,
+                        };
+                        let br = MatRef {
+                            ptr: b[q].as_ptr(),
+                            rs: n,
+                            cs: 1,
+                        };
+                        let cw = MatMut::strided(c[q].as_mut_ptr(), n, 1);
+                        // SAFETY: `available()` was checked; the strides address exactly the
+                        // row-major buffers of set `q`; the spans are only fetched.
+                        unsafe {
+                            sgemm_ahead(m, n, k, ar, br, cw, if fetch { &spans } else { &[] })
+                        }
+                    }
+                })
+            });
+        }
+    }
     g.finish();
 }
 
