@@ -43,7 +43,8 @@
 
 use crate::comm::{wire_bytes, CommError, Communicator};
 use crate::kernels::dot::{
-    dot, dot_masked, dot_masked_sums, dot_then, masked_row_sums, DotPath, DotPlan,
+    dot, dot_ahead, dot_masked, dot_masked_sums, dot_then, masked_row_sums, DotPath, DotPlan,
+    NO_TAIL,
 };
 use crate::kernels::elementwise::{
     collapse_broadcast, run_fused_inplace, run_fused_part, Fused, Node,
@@ -205,6 +206,8 @@ impl Pool {
 pub struct Executable {
     program: Program,
     steps: Vec<Step>,
+    /// `then[si]`: the dot step right after dot step `si` (see [`Dev::tail`]).
+    then: Vec<Option<usize>>,
     segments: Vec<Segment>,
     /// `class[v]`: the value whose buffer `v` shares (itself unless an alias).
     class: Vec<usize>,
@@ -1083,9 +1086,23 @@ impl Executable {
         if start < steps.len() {
             segments.push(Segment::Local(start..steps.len()));
         }
+        // A dot followed by a dot in the same segment: the first one's last GEMM fetches the
+        // second one's first-entry operands.
+        let is_dot = |s: &Step| matches!(s.kind, Kind::Dot(_) | Kind::DotFused { .. });
+        let then: Vec<Option<usize>> = (0..steps.len())
+            .map(|si| {
+                let next = si + 1;
+                (next < steps.len()
+                    && is_dot(&steps[si])
+                    && is_dot(&steps[next])
+                    && !matches!(steps[next].kind, Kind::Collective))
+                .then_some(next)
+            })
+            .collect();
         Ok(Executable {
             program: p.clone(),
             steps,
+            then,
             segments,
             class,
             members,
@@ -1456,6 +1473,30 @@ impl Dev<'_> {
     }
 
     /// Run dot `plan` on values `l` and `r` into `out`: its flops and profile detail.
+    /// The spans of the first-entry operands of the dot that runs after step `si` (for its
+    /// last GEMM to fetch), where that dot reads f32 operands that exist already.
+    fn tail(&self, exe: &Executable, si: usize) -> [(usize, usize); 2] {
+        let Some(sj) = exe.then[si] else {
+            return NO_TAIL;
+        };
+        let s = &exe.steps[sj];
+        let plan = match &s.kind {
+            Kind::Dot(plan) | Kind::DotFused { plan, .. } => plan,
+            _ => return NO_TAIL,
+        };
+        let f32s = |v: usize| match self.vals[v].as_ref().map(|b| b.data()) {
+            Some(Data::F32(x)) => Some(x.as_slice()),
+            _ => None,
+        };
+        match (f32s(s.reads[0]), f32s(s.reads[1])) {
+            (Some(l), Some(r)) => plan.first_entry_spans(l, r),
+            (Some(l), None) => [plan.first_entry_spans(l, &[])[0], (0, 0)],
+            (None, Some(r)) => [(0, 0), plan.first_entry_spans(&[], r)[1]],
+            (None, None) => NO_TAIL,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn run_dot(
         &self,
         exe: &Executable,
@@ -1463,14 +1504,16 @@ impl Dev<'_> {
         l: usize,
         r: usize,
         out: &mut Data,
+        tail: &[(usize, usize); 2],
     ) -> (f64, String) {
-        let path = dot(
+        let path = dot_ahead(
             plan,
             &exe.program.instrs[l].ty.shape,
             self.data(l),
             &exe.program.instrs[r].ty.shape,
             self.data(r),
             out,
+            tail,
         );
         let copied = match plan.copies() {
             (false, false) => "",
@@ -1547,7 +1590,8 @@ impl Dev<'_> {
             }
             Kind::Dot(plan) => {
                 let mut out = self.alloc(&ins.ty);
-                (flops, detail) = self.run_dot(exe, plan, s.reads[0], s.reads[1], &mut out);
+                let tail = self.tail(exe, si);
+                (flops, detail) = self.run_dot(exe, plan, s.reads[0], s.reads[1], &mut out, &tail);
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }
             Kind::MaskedDot { plan, masks } => {
@@ -1569,7 +1613,7 @@ impl Dev<'_> {
                 match computed {
                     Some(c) => (flops, detail) = masked_detail(plan, c),
                     None => {
-                        (flops, detail) = self.run_dot(exe, plan, l, r, &mut out);
+                        (flops, detail) = self.run_dot(exe, plan, l, r, &mut out, &NO_TAIL);
                         detail.push_str(" (masks dense)");
                     }
                 }
@@ -1608,7 +1652,7 @@ impl Dev<'_> {
                     None => {
                         drop(sums);
                         let mut prod = self.alloc(&exe.program.instrs[*dot].ty);
-                        (flops, detail) = self.run_dot(exe, plan, l, r, &mut prod);
+                        (flops, detail) = self.run_dot(exe, plan, l, r, &mut prod, &NO_TAIL);
                         detail.push_str(" (masks dense), summed");
                         let Data::F32(pv) = &prod else {
                             unreachable!("masked dots are f32")
@@ -1636,6 +1680,7 @@ impl Dev<'_> {
             } => {
                 let dot_ty = &exe.program.instrs[*dot].ty;
                 let (l, r) = (s.reads[0], s.reads[1]);
+                let tail = self.tail(exe, si);
                 let mut d = self.alloc(dot_ty);
                 let mut o = if *keep {
                     Some(self.alloc(&ins.ty))
@@ -1686,6 +1731,7 @@ impl Dev<'_> {
                         dv,
                         &epi,
                         &epi_in,
+                        &tail,
                     )
                 };
                 flops = plan.flops();

@@ -334,6 +334,26 @@ impl DotPlan {
     pub fn copies(&self) -> (bool, bool) {
         (self.lhs.perm.is_some(), self.rhs.perm.is_some())
     }
+
+    /// The `(address, floats)` spans of batch entry 0 of the operands `l` and `r` as this
+    /// plan's GEMM reads them in place (`(0, 0)` for a side that is copied first or not one
+    /// compact block): what a GEMM running just before this one can fetch for it.
+    pub fn first_entry_spans(&self, l: &[f32], r: &[f32]) -> [(usize, usize); 2] {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let span = |side: &Side, x: &[f32], rows: usize, cols: usize| {
+            if side.perm.is_some() || rows * cols == 0 || side.batch_off.is_empty() {
+                return (0, 0);
+            }
+            let base = side.batch_off[0];
+            let len = (rows - 1) * side.rs + (cols - 1) * side.cs + 1;
+            if len <= 2 * rows * cols && base + len <= x.len() {
+                (x[base..].as_ptr() as usize, len)
+            } else {
+                (0, 0)
+            }
+        };
+        [span(&self.lhs, l, m, k), span(&self.rhs, r, k, n)]
+    }
 }
 
 /// Which path a dot took (for profiles and tests).
@@ -533,6 +553,9 @@ struct Ahead<'a> {
     next: Option<usize>,
     epi: &'a [(usize, usize)],
     out: (usize, usize),
+    /// Without a `next` entry: the spans of the GEMM that runs after this batch (the next
+    /// dot's first entry), fetched instead.
+    tail: &'a [(usize, usize); 2],
 }
 
 /// One dense GEMM into batch entry `ob` of the result.
@@ -696,12 +719,14 @@ fn gemm_strided<T: GemmFloat>(
             };
             // An absent span is empty, which the fetcher skips (no allocation per GEMM).
             let none = (std::ptr::null(), 0);
-            let next = ahead.next.map_or([none; 2], |bb| {
-                [
-                    span(l, p.lhs.batch_off[bb], lrs, lcs, m, k).unwrap_or(none),
-                    span(r, p.rhs.batch_off[bb], rrs, rcs, k, n).unwrap_or(none),
-                ]
-            });
+            let next = ahead
+                .next
+                .map_or(ahead.tail.map(|(a, len)| (a as *const f32, len)), |bb| {
+                    [
+                        span(l, p.lhs.batch_off[bb], lrs, lcs, m, k).unwrap_or(none),
+                        span(r, p.rhs.batch_off[bb], rrs, rcs, k, n).unwrap_or(none),
+                    ]
+                });
             let out_next = (ahead.out.0 as *const f32, ahead.out.1);
             if ahead.epi.is_empty() {
                 // The next entry's result too when it fits the fetch budget.
@@ -950,6 +975,7 @@ fn dot_float<T: GemmFloat>(
     out: &mut [T],
     epi: Option<Epilogue<T>>,
     epi_in: &[usize],
+    tail: &[(usize, usize); 2],
 ) -> DotPath {
     let (b, m, n, k) = (p.b, p.m, p.n, p.k);
     // Entries the GEMM loop did not hand to the epilogue get it afterwards, in parallel.
@@ -1010,10 +1036,10 @@ fn dot_float<T: GemmFloat>(
         T::with_scratch(|lbuf, rbuf| {
             let l = p.lhs.prepare(lhs_shape, l, lbuf);
             let r = p.rhs.prepare(rhs_shape, r, rbuf);
-            dense_or_sparse(p, path, l, r, out, epi, epi_in)
+            dense_or_sparse(p, path, l, r, out, epi, epi_in, tail)
         })
     } else {
-        dense_or_sparse(p, path, l, r, out, epi, epi_in)
+        dense_or_sparse(p, path, l, r, out, epi, epi_in, tail)
     };
     if !done {
         after(out);
@@ -1023,6 +1049,7 @@ fn dot_float<T: GemmFloat>(
 
 /// Run the batch of GEMMs (or sparse products) on prepared operands. Returns whether the
 /// epilogue ran (each entry's right after its GEMM: a dense batch split over the pool).
+#[allow(clippy::too_many_arguments)]
 fn dense_or_sparse<T: GemmFloat>(
     p: &DotPlan,
     path: DotPath,
@@ -1031,6 +1058,7 @@ fn dense_or_sparse<T: GemmFloat>(
     out: &mut [T],
     epi: Option<Epilogue<T>>,
     epi_in: &[usize],
+    tail: &[(usize, usize); 2],
 ) -> bool {
     let b = p.b;
     let threads = rayon::current_num_threads().max(1);
@@ -1073,6 +1101,7 @@ fn dense_or_sparse<T: GemmFloat>(
                     next,
                     epi: &[],
                     out,
+                    tail,
                 },
             )
         }
@@ -1097,6 +1126,7 @@ fn dense_or_sparse<T: GemmFloat>(
                 next,
                 epi: &spans,
                 out,
+                tail,
             };
             gemm_one(p, l, lb, r, rb, o, 0, gemm::Parallelism::None, ahead);
             epi(bb, x);
@@ -1167,17 +1197,46 @@ pub fn dot(
     rhs: &Data,
     out: &mut Data,
 ) -> DotPath {
+    dot_ahead(p, lhs_shape, lhs, rhs_shape, rhs, out, &NO_TAIL)
+}
+
+/// No spans to fetch after a batch (see [`dot_ahead`]).
+pub const NO_TAIL: [(usize, usize); 2] = [(0, 0); 2];
+
+/// [`dot`], fetching `tail` (`(address, floats)` spans, see
+/// [`DotPlan::first_entry_spans`]: the operands of the dot that runs next) into cache while
+/// the last GEMM of the batch computes: the first expert of a batch otherwise finds its
+/// operands in memory (each other expert's are fetched by the one before it).
+pub fn dot_ahead(
+    p: &DotPlan,
+    lhs_shape: &[usize],
+    lhs: &Data,
+    rhs_shape: &[usize],
+    rhs: &Data,
+    out: &mut Data,
+    tail: &[(usize, usize); 2],
+) -> DotPath {
     match (lhs, rhs, out) {
         (Data::F32(l), Data::F32(r), Data::F32(o)) => {
-            dot_float(p, lhs_shape, l, rhs_shape, r, o, None, &[])
+            dot_float(p, lhs_shape, l, rhs_shape, r, o, None, &[], tail)
         }
         (Data::F64(l), Data::F64(r), Data::F64(o)) => {
-            dot_float(p, lhs_shape, l, rhs_shape, r, o, None, &[])
+            dot_float(p, lhs_shape, l, rhs_shape, r, o, None, &[], &NO_TAIL)
         }
         (Data::BF16(l), Data::BF16(r), Data::BF16(o)) => {
             let (l, r) = (widen(l), widen(r));
             let mut acc = vec![0.0f32; o.len()];
-            let path = dot_float(p, lhs_shape, &l, rhs_shape, &r, &mut acc, None, &[]);
+            let path = dot_float(
+                p,
+                lhs_shape,
+                &l,
+                rhs_shape,
+                &r,
+                &mut acc,
+                None,
+                &[],
+                &NO_TAIL,
+            );
             o.par_iter_mut()
                 .with_min_len(1 << 14)
                 .zip(&acc)
@@ -1438,6 +1497,7 @@ fn dot8_impl(a: &[f32], b: &[f32]) -> f32 {
 /// elementwise consumer fused into the GEMM's output: no second pass over memory).
 /// `epi_in`: the buffers the epilogue reads; those as long as the result have each entry's
 /// part fetched into cache while the entry's GEMM computes (within the fetch budget).
+/// `tail`: as in [`dot_ahead`].
 #[allow(clippy::too_many_arguments)]
 pub fn dot_then(
     p: &DotPlan,
@@ -1448,6 +1508,7 @@ pub fn dot_then(
     out: &mut [f32],
     epi: Epilogue<f32>,
     epi_in: &[&[f32]],
+    tail: &[(usize, usize); 2],
 ) -> DotPath {
     assert!(!p.transposed, "an epilogue needs the untransposed result");
     // Inputs the epilogue reads elementwise (as long as the result): each entry's part is
@@ -1457,7 +1518,17 @@ pub fn dot_then(
         .filter(|x| x.len() == out.len())
         .map(|x| x.as_ptr() as usize)
         .collect();
-    dot_float(p, lhs_shape, lhs, rhs_shape, rhs, out, Some(epi), &spans)
+    dot_float(
+        p,
+        lhs_shape,
+        lhs,
+        rhs_shape,
+        rhs,
+        out,
+        Some(epi),
+        &spans,
+        tail,
+    )
 }
 
 /// The dtype a dot accumulates in (for documentation and profiles).
@@ -1473,6 +1544,50 @@ pub fn accumulation(dtype: DType) -> DType {
 mod tests {
     use super::*;
     use ir::DotDims;
+
+    /// The spans a dot running before a batched dot fetches for it: batch entry 0 of each
+    /// operand read in place, nothing for a side that is copied to another order first, and
+    /// the results are the same with and without them.
+    #[test]
+    fn first_entry_spans_are_entry_zero_of_in_place_operands() {
+        let (b, m, k, n) = (4usize, 6usize, 8usize, 5usize);
+        let l: Vec<f32> = (0..b * m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+        let r: Vec<f32> = (0..b * k * n).map(|i| (i % 5) as f32 * 0.5).collect();
+        let batched = DotDims {
+            lhs_batch: vec![0],
+            rhs_batch: vec![0],
+            lhs_contract: vec![2],
+            rhs_contract: vec![1],
+        };
+        let p = DotPlan::new(&[b, m, k], &[b, k, n], &batched);
+        let spans = p.first_entry_spans(&l, &r);
+        assert_eq!(spans[0], (l.as_ptr() as usize, m * k));
+        assert_eq!(spans[1], (r.as_ptr() as usize, k * n));
+        // The rhs as [k, b, n] with the batch in the middle: its rows (k) and columns (n)
+        // each merge, so it is read in place; entry 0 starts at the buffer and spans
+        // (k-1) rows of b*n plus n columns.
+        let mid = DotDims {
+            lhs_batch: vec![0],
+            rhs_batch: vec![1],
+            lhs_contract: vec![2],
+            rhs_contract: vec![0],
+        };
+        let q = DotPlan::new(&[b, m, k], &[k, b, n], &mid);
+        let len = (k - 1) * b * n + n;
+        let want = if q.copies().1 || len > 2 * k * n {
+            (0, 0)
+        } else {
+            (r.as_ptr() as usize, len)
+        };
+        assert_eq!(q.first_entry_spans(&l, &r)[1], want);
+        // The values do not depend on the spans fetched.
+        let mut with = Data::F32(vec![0.0; b * m * n]);
+        let mut without = Data::F32(vec![0.0; b * m * n]);
+        let (ld, rd) = (Data::F32(l.clone()), Data::F32(r.clone()));
+        dot_ahead(&p, &[b, m, k], &ld, &[b, k, n], &rd, &mut with, &spans);
+        dot(&p, &[b, m, k], &ld, &[b, k, n], &rd, &mut without);
+        assert_eq!(with, without);
+    }
 
     /// Both operands mostly zeros (an expert buffer with few tokens against a one-hot
     /// mask): the side with fewer terms in all is walked, and the values are the dense
