@@ -340,20 +340,33 @@ impl DotPlan {
     /// compact block): what a GEMM running just before this one can fetch for it.
     pub fn first_entry_spans(&self, l: &[f32], r: &[f32]) -> [(usize, usize); 2] {
         let (m, n, k) = (self.m, self.n, self.k);
-        let span = |side: &Side, x: &[f32], rows: usize, cols: usize| {
-            if side.perm.is_some() || rows * cols == 0 || side.batch_off.is_empty() {
-                return (0, 0);
+        let span = |side: &Side, x: &[f32], rows: usize, cols: usize| match side.batch_off.first() {
+            Some(&base) if side.perm.is_none() => {
+                compact_span(x, base, side.rs, side.cs, rows, cols)
+                    .map_or((0, 0), |(p, len)| (p as usize, len))
             }
-            let base = side.batch_off[0];
-            let len = (rows - 1) * side.rs + (cols - 1) * side.cs + 1;
-            if len <= 2 * rows * cols && base + len <= x.len() {
-                (x[base..].as_ptr() as usize, len)
-            } else {
-                (0, 0)
-            }
+            _ => (0, 0),
         };
         [span(&self.lhs, l, m, k), span(&self.rhs, r, k, n)]
     }
+}
+
+/// The start and element count of the `rows x cols` block at `base` of `x` with strides
+/// `rs`/`cs`, when the block is compact (its span at most twice its elements: worth fetching
+/// whole) and inside `x`.
+fn compact_span<T>(
+    x: &[T],
+    base: usize,
+    rs: usize,
+    cs: usize,
+    rows: usize,
+    cols: usize,
+) -> Option<(*const T, usize)> {
+    if rows * cols == 0 {
+        return None;
+    }
+    let len = (rows - 1) * rs + (cols - 1) * cs + 1;
+    (len <= 2 * rows * cols && base + len <= x.len()).then(|| (x[base..].as_ptr(), len))
 }
 
 /// Which path a dot took (for profiles and tests).
@@ -713,9 +726,7 @@ fn gemm_strided<T: GemmFloat>(
             // One call: it fetches the next entry's operands where each is one compact
             // span (a strided view over a larger buffer would fetch what it never reads).
             let span = |x: &[T], base: usize, rs: usize, cs: usize, rows: usize, cols: usize| {
-                let len = (rows - 1) * rs + (cols - 1) * cs + 1;
-                (len <= 2 * rows * cols && base + len <= x.len())
-                    .then(|| (x[base..].as_ptr().cast::<f32>(), len))
+                compact_span(x, base, rs, cs, rows, cols).map(|(p, len)| (p.cast::<f32>(), len))
             };
             // An absent span is empty, which the fetcher skips (no allocation per GEMM).
             let none = (std::ptr::null(), 0);
@@ -1553,26 +1564,20 @@ mod tests {
         let (b, m, k, n) = (4usize, 6usize, 8usize, 5usize);
         let l: Vec<f32> = (0..b * m * k).map(|i| (i % 7) as f32 - 3.0).collect();
         let r: Vec<f32> = (0..b * k * n).map(|i| (i % 5) as f32 * 0.5).collect();
-        let batched = DotDims {
-            lhs_batch: vec![0],
-            rhs_batch: vec![0],
+        let dims = |lb: usize, rb: usize, rc: usize| DotDims {
+            lhs_batch: vec![lb],
+            rhs_batch: vec![rb],
             lhs_contract: vec![2],
-            rhs_contract: vec![1],
+            rhs_contract: vec![rc],
         };
-        let p = DotPlan::new(&[b, m, k], &[b, k, n], &batched);
+        let p = DotPlan::new(&[b, m, k], &[b, k, n], &dims(0, 0, 1));
         let spans = p.first_entry_spans(&l, &r);
         assert_eq!(spans[0], (l.as_ptr() as usize, m * k));
         assert_eq!(spans[1], (r.as_ptr() as usize, k * n));
         // The rhs as [k, b, n] with the batch in the middle: its rows (k) and columns (n)
         // each merge, so it is read in place; entry 0 starts at the buffer and spans
         // (k-1) rows of b*n plus n columns.
-        let mid = DotDims {
-            lhs_batch: vec![0],
-            rhs_batch: vec![1],
-            lhs_contract: vec![2],
-            rhs_contract: vec![0],
-        };
-        let q = DotPlan::new(&[b, m, k], &[k, b, n], &mid);
+        let q = DotPlan::new(&[b, m, k], &[k, b, n], &dims(0, 1, 0));
         let len = (k - 1) * b * n + n;
         let want = if q.copies().1 || len > 2 * k * n {
             (0, 0)
