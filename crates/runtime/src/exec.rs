@@ -1086,17 +1086,13 @@ impl Executable {
         if start < steps.len() {
             segments.push(Segment::Local(start..steps.len()));
         }
-        // A dot followed by a dot in the same segment: the first one's last GEMM fetches the
-        // second one's first-entry operands.
+        // A dot followed by a dot (the same segment: only collectives end one): the first
+        // one's last GEMM fetches the second one's first-entry operands.
         let is_dot = |s: &Step| matches!(s.kind, Kind::Dot(_) | Kind::DotFused { .. });
         let then: Vec<Option<usize>> = (0..steps.len())
             .map(|si| {
                 let next = si + 1;
-                (next < steps.len()
-                    && is_dot(&steps[si])
-                    && is_dot(&steps[next])
-                    && !matches!(steps[next].kind, Kind::Collective))
-                .then_some(next)
+                (next < steps.len() && is_dot(&steps[si]) && is_dot(&steps[next])).then_some(next)
             })
             .collect();
         Ok(Executable {
@@ -1472,7 +1468,6 @@ impl Dev<'_> {
         self.recycle(d);
     }
 
-    /// Run dot `plan` on values `l` and `r` into `out`: its flops and profile detail.
     /// The spans of the first-entry operands of the dot that runs after step `si` (for its
     /// last GEMM to fetch), where that dot reads f32 operands that exist already.
     fn tail(&self, exe: &Executable, si: usize) -> [(usize, usize); 2] {
@@ -1484,18 +1479,15 @@ impl Dev<'_> {
             Kind::Dot(plan) | Kind::DotFused { plan, .. } => plan,
             _ => return NO_TAIL,
         };
+        // A missing operand (written by step `si` itself, say) reads as empty: no span.
         let f32s = |v: usize| match self.vals[v].as_ref().map(|b| b.data()) {
-            Some(Data::F32(x)) => Some(x.as_slice()),
-            _ => None,
+            Some(Data::F32(x)) => x.as_slice(),
+            _ => &[],
         };
-        match (f32s(s.reads[0]), f32s(s.reads[1])) {
-            (Some(l), Some(r)) => plan.first_entry_spans(l, r),
-            (Some(l), None) => [plan.first_entry_spans(l, &[])[0], (0, 0)],
-            (None, Some(r)) => [(0, 0), plan.first_entry_spans(&[], r)[1]],
-            (None, None) => NO_TAIL,
-        }
+        plan.first_entry_spans(f32s(s.reads[0]), f32s(s.reads[1]))
     }
 
+    /// Run dot `plan` on values `l` and `r` into `out`: its flops and profile detail.
     #[allow(clippy::too_many_arguments)]
     fn run_dot(
         &self,

@@ -560,7 +560,7 @@ impl Fetch {
         spans.iter().map(|s| (s.1 - s.0).div_ceil(Self::LINE)).sum()
     }
 
-    /// Fetch `spans` over `calls` calls of [`Fetch::next`].
+    /// Fetch `spans` over `calls` calls of [`Fetch::next`] (or [`Fetch::take`]).
     fn new(spans: &[(*const f32, usize)], calls: usize) -> Fetch {
         let spans = Self::line_spans(spans);
         let lines = Self::lines(&spans);
