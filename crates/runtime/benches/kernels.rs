@@ -172,6 +172,8 @@ fn bench_gemm(c: &mut Criterion) {
             ("raw_sgemm_512x512x512", 512, 512, 512, false, None),
             // The smaller benchmark shape's expert (G*C=128 tokens, M=128, H=512).
             ("raw_sgemm_128x512x128", 128, 512, 128, false, None),
+            // The same with B read transposed (the expert's ReLU-gradient GEMM, dY W2^T).
+            ("rawBt_sgemm_128x512x128", 128, 512, 128, false, None),
             // The same with the AVX2 6x16 tile instead of the AVX-512 6x48 one (same bits).
             ("avx2tile_sgemm_128x512x128", 128, 512, 128, false, None),
             ("avx2tile_sgemm_512x512x512", 512, 512, 512, false, None),
@@ -191,6 +193,24 @@ fn bench_gemm(c: &mut Criterion) {
                 128,
                 512,
                 false,
+                Some(true),
+            ),
+            // The weight gradient `h^T dy` of the down-projection: a ReLU output read
+            // transposed (copied row-major for the row-sparse path).
+            (
+                "reluT_sgemm_512x128x128/dense",
+                512,
+                128,
+                128,
+                true,
+                Some(false),
+            ),
+            (
+                "reluT_sgemm_512x128x128/row_sparse",
+                512,
+                128,
+                128,
+                true,
                 Some(true),
             ),
         ] {
@@ -222,10 +242,18 @@ fn bench_gemm(c: &mut Criterion) {
                 set_sparse_a(sparse.unwrap_or(true));
                 set_wide(!name.starts_with("avx2tile"));
                 bch.iter(|| {
-                    let br = MatRef {
-                        ptr: bm.as_ptr(),
-                        rs: n,
-                        cs: 1,
+                    let br = if name.starts_with("rawBt") {
+                        MatRef {
+                            ptr: bm.as_ptr(),
+                            rs: 1,
+                            cs: k,
+                        }
+                    } else {
+                        MatRef {
+                            ptr: bm.as_ptr(),
+                            rs: n,
+                            cs: 1,
+                        }
                     };
                     let cw = MatMut::strided(cm.as_mut_ptr(), n, 1);
                     // SAFETY: AVX2 checked above; the strides address exactly the buffers.

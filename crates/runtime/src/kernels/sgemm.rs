@@ -18,7 +18,8 @@
 //! **Row-sparse `A`** ([`sparse`], AVX-512): a row-major `A` of which a sample of rows is at
 //! most 60 % non-zero (a ReLU output, or a gradient masked by one: two of an MoE expert's
 //! six GEMMs) is multiplied by its non-zeros only, each one a broadcast against a packed row
-//! of `B` into sixteen-lane accumulators. The sums keep the dense kernel's order, so the
+//! of `B` into sixteen-lane accumulators. A column-major one (the ReLU output read
+//! transposed in the down-projection's weight gradient, a third) is first copied row-major. The sums keep the dense kernel's order, so the
 //! bits are the same (but for the sign of a zero sum after an underflow, as with the zero
 //! rows [`sgemm`] skips; [`set_sparse_a`] turns the path off, for comparisons).
 //!
@@ -135,7 +136,13 @@ impl Scratch {
 thread_local! {
     /// Packed `A`, packed `B`, and the row-sparse path's partial sums.
     static PACK: RefCell<(Scratch, Scratch, Scratch)> = RefCell::new(Default::default());
+    /// A column-major `A` copied row-major for the row-sparse path ([`rows_of_columns`]).
+    static ROWS: RefCell<Scratch> = RefCell::new(Default::default());
 }
+
+/// The most floats of a column-major `A` that are copied row-major for the row-sparse path
+/// (4 MiB: a large expert's 1024 x 256 is 1 MiB).
+const ROWS_MAX: usize = 1 << 20;
 
 /// Whether the dense micro-kernel may use the AVX-512 tile ([`wide`]); on by default. Both
 /// tiles give the same bits (tests check that); this exists to compare them.
@@ -353,6 +360,55 @@ unsafe fn sgemm_impl(
             && ks[ks.len() - 1] - ks[0] == ks.len() - 1
             && sparse::available()
             && sparse::worth(&live, ks.len(), |i| a.ptr.add(i * a.rs + ks[0]));
+        // A column-major A that is mostly zeros (a ReLU output read transposed: the gradient
+        // of an expert's down-projection weights, `h^T dy`) is copied row-major, its steps
+        // `ks` side by side, and takes the same path. Its rows are all live (zero rows are
+        // only looked for in a row-major A); its density is sampled down its columns.
+        let sparse_cols = !sparse_a
+            && allow_sparse
+            && a.rs == 1
+            && a.cs != 1
+            && c.cs == 1
+            && c.cols.is_null()
+            && live.len() == m
+            && m >= MR
+            && n >= NR
+            && m * n * ks.len() >= 1 << 18
+            && m * ks.len() <= ROWS_MAX
+            && sparse::available()
+            && sparse::worth(&ks, m, |p| a.ptr.add(p * a.cs));
+        if sparse_cols {
+            return ROWS.with(|cell| {
+                let mut rows = cell.borrow_mut();
+                let at = rows.get(m * ks.len());
+                rows_of_columns(a, m, &ks, at);
+                let a = MatRef {
+                    ptr: at.as_ptr(),
+                    rs: ks.len(),
+                    cs: 1,
+                };
+                PACK.with(|cell| {
+                    let mut bufs = cell.borrow_mut();
+                    let (sa, sb, st) = &mut *bufs;
+                    let bufs = Bufs {
+                        pa: sa.get(0),
+                        pb: sb.get(NC.div_ceil(NR) * NR * KC),
+                        tmp: if ks.len() > KC {
+                            st.get(m * n.min(NC))
+                        } else {
+                            st.get(0)
+                        },
+                    };
+                    let tiles = n.div_ceil(sparse::GROUP) * m * ks.len().div_ceil(sparse::SLICE);
+                    let mut fetch = Fetch::new(ahead, tiles);
+                    let steps = Steps {
+                        ks: &ks,
+                        compact_a: true,
+                    };
+                    blocked(n, steps, &live, &dead, a, b, c, bufs, true, &mut fetch);
+                })
+            });
+        }
         PACK.with(|cell| {
             let mut bufs = cell.borrow_mut();
             let (sa, sb, st) = &mut *bufs;
@@ -372,7 +428,11 @@ unsafe fn sgemm_impl(
             };
             let mut fetch = Fetch::new(if tiny { &[] } else { ahead }, tiles);
             let bufs = Bufs { pa, pb, tmp };
-            blocked(n, &ks, &live, &dead, a, b, c, bufs, sparse_a, &mut fetch);
+            let steps = Steps {
+                ks: &ks,
+                compact_a: false,
+            };
+            blocked(n, steps, &live, &dead, a, b, c, bufs, sparse_a, &mut fetch);
         });
     }
 }
@@ -383,6 +443,14 @@ struct Bufs<'a> {
     pa: &'a mut [f32],
     pb: &'a mut [f32],
     tmp: &'a mut [f32],
+}
+
+/// The steps `ks` (rows of `B`) that take part, and where `A` has them: its columns `ks`,
+/// or (`compact_a`, a row-major copy by [`rows_of_columns`]) its columns `0..ks.len()`.
+#[derive(Clone, Copy)]
+struct Steps<'a> {
+    ks: &'a [usize],
+    compact_a: bool,
 }
 
 /// The blocked loop nest over the live rows `live` and steps `ks` (see [`sgemm`]); with
@@ -396,7 +464,7 @@ struct Bufs<'a> {
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
 unsafe fn blocked(
     n: usize,
-    ks: &[usize],
+    steps: Steps,
     live: &[usize],
     dead: &[usize],
     a: MatRef,
@@ -407,6 +475,7 @@ unsafe fn blocked(
     fetch: &mut Fetch,
 ) {
     let Bufs { pa, pb, tmp } = bufs;
+    let Steps { ks, compact_a } = steps;
     let kk = ks.len();
     let width = tile_width();
     let wide = width > NR;
@@ -418,8 +487,10 @@ unsafe fn blocked(
                 let kc = KC.min(kk - pc);
                 let kidx = &ks[pc..pc + kc];
                 // A row-major A over consecutive steps is read in place, row by row (its
-                // block stays in L2 like a packed one); otherwise it is packed.
-                let direct = a.cs == 1 && kidx[kc - 1] - kidx[0] == kc - 1;
+                // block stays in L2 like a packed one); otherwise it is packed. `a0`: the
+                // block's first column of A.
+                let direct = compact_a || (a.cs == 1 && kidx[kc - 1] - kidx[0] == kc - 1);
+                let a0 = if compact_a { pc } else { kidx[0] };
                 // The row-sparse path packs B in its own layout and needs it finite (it
                 // leaves out `0 * b`); a non-finite block is multiplied densely.
                 if sparse_a
@@ -439,7 +510,7 @@ unsafe fn blocked(
                         live,
                         kc,
                         nc,
-                        |i| a.ptr.add(i * a.rs + kidx[0]),
+                        |i| a.ptr.add(i * a.rs + a0),
                         pb.as_ptr(),
                         |i| c.row(i).add(jc),
                         pc == 0,
@@ -481,9 +552,9 @@ unsafe fn blocked(
                                 #[cfg(target_arch = "x86_64")]
                                 if direct {
                                     // Rows past a partial tile are not computed.
-                                    let mut arow = [a.ptr.add(tile[0] * a.rs + kidx[0]); MR];
+                                    let mut arow = [a.ptr.add(tile[0] * a.rs + a0); MR];
                                     for (q, &i) in tile.iter().enumerate() {
-                                        arow[q] = a.ptr.add(i * a.rs + kidx[0]);
+                                        arow[q] = a.ptr.add(i * a.rs + a0);
                                     }
                                     if wide {
                                         wide::tile_rows(
@@ -646,6 +717,45 @@ unsafe fn all_zero(p: *const f32, n: usize) -> bool {
     }
     s.chunks(64)
         .all(|c| c.iter().fold(true, |f, &x| f & (x == 0.0)))
+}
+
+/// Copy the column-major `m x ?` `A` (`a.rs == 1`) row-major with its columns `ks` side by
+/// side: `dst[i * ks.len() + t] = A[i, ks[t]]`, eight rows by eight steps per register
+/// transpose.
+///
+/// # Safety
+/// AVX2; `A[i, p]` is readable for `i < m`, `p` in `ks`; `dst` holds `m * ks.len()` floats.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn rows_of_columns(a: MatRef, m: usize, ks: &[usize], dst: &mut [f32]) {
+    let kk = ks.len();
+    assert!(dst.len() >= m * kk);
+    let d = dst.as_mut_ptr();
+    let (m8, k8) = (m / 8 * 8, kk / 8 * 8);
+    // SAFETY (whole body): reads are `A[i, ks[t]]` with `i < m`, `t < kk`; writes are
+    // `dst[i * kk + t]`, inside `m * kk`.
+    unsafe {
+        #[cfg(target_arch = "x86_64")]
+        for t0 in (0..k8).step_by(8) {
+            let cols: [*const f32; 8] = std::array::from_fn(|r| a.ptr.add(ks[t0 + r] * a.cs));
+            for i0 in (0..m8).step_by(8) {
+                let rows = avx2::transpose8(std::array::from_fn(|r| {
+                    std::arch::x86_64::_mm256_loadu_ps(cols[r].add(i0))
+                }));
+                for (q, v) in rows.into_iter().enumerate() {
+                    std::arch::x86_64::_mm256_storeu_ps(d.add((i0 + q) * kk + t0), v);
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let (m8, k8) = (0, 0);
+        for (t, &p) in ks.iter().enumerate() {
+            let col = a.ptr.add(p * a.cs);
+            let from = if t < k8 { m8 } else { 0 };
+            for i in from..m {
+                *d.add(i * kk + t) = *col.add(i);
+            }
+        }
+    }
 }
 
 /// Pack rows `rows` and steps `kidx` of A into row panels of `MR`: panel `p`, step `k`,
@@ -1043,7 +1153,7 @@ mod avx2 {
     /// Transpose eight rows of eight floats (row `i` of the result is column `i`).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    pub(super) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
         let t1 = _mm256_unpackhi_ps(r[0], r[1]);
         let t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -1529,6 +1639,74 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A column-major `A` that is mostly zeros (`h^T dy`) is copied row-major and takes the
+    /// row-sparse path with the dense kernel's bits: `m` and `k` not multiples of 8 and `k`
+    /// over `KC`, zero rows of `B` in the middle (steps left out, so the copy's columns
+    /// are `ks` side by side), a NaN and an inf in `A`, a non-finite `B` block, `C` written
+    /// straight or through a row table; a dense column-major `A` stays on the dense path.
+    #[test]
+    fn row_sparse_path_takes_a_column_major_a() {
+        if !sparse_available() {
+            eprintln!("skipped: no AVX-512F (the row-sparse path is not used here)");
+            return;
+        }
+        for &(m, n, k) in &[(512, 128, 128), (70, 130, 300), (13, 40, 1000)] {
+            // A^T (k x m) row-major, ReLU-like: A column-major.
+            let mut at = relu(k * m, 11);
+            at[3 * m + 1] = f32::NAN;
+            at[(k - 2) * m + m - 1] = f32::INFINITY;
+            let a: Vec<f32> = (0..m * k).map(|x| at[(x % k) * m + x / k]).collect();
+            let mut b: Vec<f32> = values(k * n, 12).iter().map(|x| x * 0.5 - 0.1).collect();
+            for p in [1, k / 3, k / 3 + 1, k - 1] {
+                b[p * n..(p + 1) * n].fill(0.0);
+            }
+            let mut b_inf = b.clone();
+            b_inf[(k / 2) * n + 3] = f32::INFINITY;
+            let ar = MatRef {
+                ptr: at.as_ptr(),
+                rs: 1,
+                cs: m,
+            };
+            let rows: Vec<usize> = (0..m).map(|i| (m - 1 - i) * n).collect();
+            for (bv, finite) in [(&b, true), (&b_inf, false)] {
+                let br = MatRef {
+                    ptr: bv.as_ptr(),
+                    rs: n,
+                    cs: 1,
+                };
+                let (sparse, blocks) =
+                    on_both_paths((m, n, k), ar, br, |ptr| MatMut::strided(ptr, n, 1));
+                // One non-finite block goes dense; with two or more, the others do not.
+                assert_eq!(blocks > 0, finite || k > KC, "{m}x{n}x{k} finite {finite}");
+                let want = naive(m, n, k, &a, bv);
+                for (x, (&g, &w)) in sparse.iter().zip(&want).enumerate() {
+                    assert!(close(g, w), "{m}x{n}x{k} element {x}: {g} vs {w}");
+                }
+                let (_, blocks) = on_both_paths((m, n, k), ar, br, |ptr| MatMut {
+                    rows: rows.as_ptr(),
+                    ..MatMut::strided(ptr, n, 1)
+                });
+                assert_eq!(blocks > 0, finite || k > KC, "{m}x{n}x{k} with a row table");
+            }
+        }
+        // A dense column-major A: the copy is not made, the dense kernel runs.
+        let (m, n, k) = (64, 64, 128);
+        let at = values(k * m, 13);
+        let b = values(k * n, 14);
+        let ar = MatRef {
+            ptr: at.as_ptr(),
+            rs: 1,
+            cs: m,
+        };
+        let br = MatRef {
+            ptr: b.as_ptr(),
+            rs: n,
+            cs: 1,
+        };
+        let (_, blocks) = on_both_paths((m, n, k), ar, br, |ptr| MatMut::strided(ptr, n, 1));
+        assert_eq!(blocks, 0, "a dense A took the row-sparse path");
     }
 
     /// A result written transposed (`C` column-major) is computed as `C^T = B^T A^T`: a
