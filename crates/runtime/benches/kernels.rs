@@ -213,6 +213,24 @@ fn bench_gemm(c: &mut Criterion) {
                 true,
                 Some(true),
             ),
+            // The same written transposed (the up-projection's weight gradient `dh'^T x`
+            // stored as `[M, H]`): computed row-major, then transposed.
+            (
+                "reluTT_sgemm_512x128x128/dense",
+                512,
+                128,
+                128,
+                true,
+                Some(false),
+            ),
+            (
+                "reluTT_sgemm_512x128x128/row_sparse",
+                512,
+                128,
+                128,
+                true,
+                Some(true),
+            ),
         ] {
             if sparse.is_some() && !sparse_available() {
                 continue;
@@ -255,7 +273,11 @@ fn bench_gemm(c: &mut Criterion) {
                             cs: 1,
                         }
                     };
-                    let cw = MatMut::strided(cm.as_mut_ptr(), n, 1);
+                    let cw = if name.starts_with("reluTT") {
+                        MatMut::strided(cm.as_mut_ptr(), 1, m)
+                    } else {
+                        MatMut::strided(cm.as_mut_ptr(), n, 1)
+                    };
                     // SAFETY: AVX2 checked above; the strides address exactly the buffers.
                     unsafe { sgemm(m, n, k, ar, br, cw) }
                 });

@@ -138,6 +138,8 @@ thread_local! {
     static PACK: RefCell<(Scratch, Scratch, Scratch)> = RefCell::new(Default::default());
     /// A column-major `A` copied row-major for the row-sparse path ([`rows_of_columns`]).
     static ROWS: RefCell<Scratch> = RefCell::new(Default::default());
+    /// The row-major result of a row-sparse product that is stored transposed.
+    static RESULT: RefCell<Scratch> = RefCell::new(Default::default());
 }
 
 /// The most floats of a column-major `A` that are copied row-major for the row-sparse path
@@ -266,7 +268,45 @@ unsafe fn sgemm_impl(
         return;
     }
     debug_assert!(c.rows.is_null() || c.cols.is_null(), "one table at most");
-    if !c.cols.is_null() || (c.rows.is_null() && c.cs != 1 && c.rs == 1) {
+    let transposed = c.rows.is_null() && c.cs != 1 && c.rs == 1;
+    // A column-major `A` that is mostly zeros and a result stored transposed (the gradient
+    // of an expert's up-projection weights, `dh'^T x`, written as `[M, H]`): swapping the
+    // operands below would make the sparse one `B`. The product is computed row-major on
+    // the row-sparse path instead, then stored transposed by 8x8 register transposes.
+    // SAFETY: the caller's contract (`worth` reads `m` floats of sampled columns of A).
+    if transposed
+        && c.cols.is_null()
+        && allow_sparse
+        && a.rs == 1
+        && a.cs != 1
+        && m >= MR
+        && n >= NR
+        && m * n * k >= 1 << 18
+        && m * k <= ROWS_MAX
+        && m * n <= ROWS_MAX
+        && sparse::available()
+        && unsafe { sparse::worth(&sample_steps(k), m, |p| a.ptr.add(p * a.cs)) }
+    {
+        return RESULT.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            let tmp = buf.get(m * n);
+            // SAFETY: the caller's contract for `a` and `b`; `tmp` holds the `m x n` result.
+            unsafe {
+                sgemm_impl(
+                    m,
+                    n,
+                    k,
+                    a,
+                    b,
+                    MatMut::strided(tmp.as_mut_ptr(), n, 1),
+                    ahead,
+                    true,
+                );
+                columns_of_rows(tmp, m, n, c);
+            }
+        });
+    }
+    if !c.cols.is_null() || transposed {
         // A result written transposed, or with a column table: compute `C^T = B^T A^T`,
         // whose rows are contiguous (or at their own offsets), so the micro-kernel stores
         // whole vectors (the same products, in the same order).
@@ -753,6 +793,55 @@ unsafe fn rows_of_columns(a: MatRef, m: usize, ks: &[usize], dst: &mut [f32]) {
             let from = if t < k8 { m8 } else { 0 };
             for i in from..m {
                 *d.add(i * kk + t) = *col.add(i);
+            }
+        }
+    }
+}
+
+/// Up to eight evenly spaced steps of `k` (the columns whose density [`sparse::worth`]
+/// samples).
+fn sample_steps(k: usize) -> Vec<usize> {
+    let picks = k.min(8);
+    (0..picks).map(|t| t * k / picks).collect()
+}
+
+/// Store the row-major `m x n` `src` into `c`, which is column-major (`c.rs == 1`, no
+/// table), eight rows by eight columns per register transpose.
+///
+/// # Safety
+/// AVX2; `src` holds `m * n` floats; `c` addresses `m x n` elements writable by this thread.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn columns_of_rows(src: &[f32], m: usize, n: usize, c: MatMut) {
+    assert!(src.len() >= m * n && c.rs == 1);
+    let s = src.as_ptr();
+    let (m8, n8) = (m / 16 * 16, n / 8 * 8);
+    // SAFETY (whole body): reads are `src[i * n + j]`, writes `c[i + j * cs]`, `i < m`,
+    // `j < n`.
+    unsafe {
+        // Sixteen rows at a time: each column's sixteen values are one whole cache line
+        // of `c` (where it is aligned), written at once.
+        #[cfg(target_arch = "x86_64")]
+        for i0 in (0..m8).step_by(16) {
+            for j0 in (0..n8).step_by(8) {
+                let load = |i: usize| {
+                    avx2::transpose8(std::array::from_fn(|r| {
+                        std::arch::x86_64::_mm256_loadu_ps(s.add((i + r) * n + j0))
+                    }))
+                };
+                let (lo, hi) = (load(i0), load(i0 + 8));
+                for q in 0..8 {
+                    let d = c.ptr.add((j0 + q) * c.cs + i0);
+                    std::arch::x86_64::_mm256_storeu_ps(d, lo[q]);
+                    std::arch::x86_64::_mm256_storeu_ps(d.add(8), hi[q]);
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let (m8, n8) = (0, 0);
+        for i in 0..m {
+            let from = if i < m8 { n8 } else { 0 };
+            for j in from..n {
+                *c.ptr.add(j * c.cs + i) = *s.add(i * n + j);
             }
         }
     }
@@ -1645,7 +1734,8 @@ mod tests {
     /// row-sparse path with the dense kernel's bits: `m` and `k` not multiples of 8 and `k`
     /// over `KC`, zero rows of `B` in the middle (steps left out, so the copy's columns
     /// are `ks` side by side), a NaN and an inf in `A`, a non-finite `B` block, `C` written
-    /// straight or through a row table; a dense column-major `A` stays on the dense path.
+    /// straight, through a row table or transposed; a dense column-major `A` stays on the
+    /// dense path.
     #[test]
     fn row_sparse_path_takes_a_column_major_a() {
         if !sparse_available() {
@@ -1689,6 +1779,19 @@ mod tests {
                     ..MatMut::strided(ptr, n, 1)
                 });
                 assert_eq!(blocks > 0, finite || k > KC, "{m}x{n}x{k} with a row table");
+                // The result stored transposed: computed row-major, then transposed.
+                let (t, blocks) =
+                    on_both_paths((m, n, k), ar, br, |ptr| MatMut::strided(ptr, 1, m));
+                assert_eq!(
+                    blocks > 0,
+                    finite || k > KC,
+                    "{m}x{n}x{k} stored transposed"
+                );
+                for i in 0..m {
+                    for j in 0..n {
+                        assert_eq!(t[j * m + i].to_bits(), sparse[i * n + j].to_bits());
+                    }
+                }
             }
         }
         // A dense column-major A: the copy is not made, the dense kernel runs.
