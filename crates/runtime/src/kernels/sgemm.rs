@@ -145,6 +145,14 @@ thread_local! {
 /// The most floats of a column-major `A` that are copied row-major for the row-sparse path
 /// (4 MiB: a large expert's 1024 x 256 is 1 MiB).
 const ROWS_MAX: usize = 1 << 20;
+/// The fewest columns of `C` for which a column-major `A` is copied row-major for the
+/// row-sparse path: each copied element then saves at least 64 multiply-adds' share.
+const COPIED_MIN_N: usize = 64;
+/// The fewest steps for which a row-sparse product stored transposed goes through a
+/// row-major result (the transpose costs about what 64 steps save at half density;
+/// measured on 512 x 128 results: 162 -> 143 us at 128 steps, 123 -> 182 us summed over
+/// 32 experts of 16 steps).
+const TRANSPOSED_MIN_K: usize = 128;
 
 /// Whether the dense micro-kernel may use the AVX-512 tile ([`wide`]); on by default. Both
 /// tiles give the same bits (tests check that); this exists to compare them.
@@ -273,6 +281,8 @@ unsafe fn sgemm_impl(
     // of an expert's up-projection weights, `dh'^T x`, written as `[M, H]`): swapping the
     // operands below would make the sparse one `B`. The product is computed row-major on
     // the row-sparse path instead, then stored transposed by 8x8 register transposes.
+    // The store costs a pass over the result, which the products' savings cover when
+    // each result element sums at least [`TRANSPOSED_MIN_K`] of them.
     // SAFETY: the caller's contract (`worth` reads `m` floats of sampled columns of A).
     if transposed
         && c.cols.is_null()
@@ -280,7 +290,8 @@ unsafe fn sgemm_impl(
         && a.rs == 1
         && a.cs != 1
         && m >= MR
-        && n >= NR
+        && n >= COPIED_MIN_N
+        && k >= TRANSPOSED_MIN_K
         && m * n * k >= 1 << 18
         && m * k <= ROWS_MAX
         && m * n <= ROWS_MAX
@@ -412,7 +423,7 @@ unsafe fn sgemm_impl(
             && c.cols.is_null()
             && live.len() == m
             && m >= MR
-            && n >= NR
+            && n >= COPIED_MIN_N
             && m * n * ks.len() >= 1 << 18
             && m * ks.len() <= ROWS_MAX
             && sparse::available()
@@ -1734,15 +1745,15 @@ mod tests {
     /// row-sparse path with the dense kernel's bits: `m` and `k` not multiples of 8 and `k`
     /// over `KC`, zero rows of `B` in the middle (steps left out, so the copy's columns
     /// are `ks` side by side), a NaN and an inf in `A`, a non-finite `B` block, `C` written
-    /// straight, through a row table or transposed; a dense column-major `A` stays on the
-    /// dense path.
+    /// straight, through a row table or transposed (not with few steps); a dense
+    /// column-major `A` stays on the dense path.
     #[test]
     fn row_sparse_path_takes_a_column_major_a() {
         if !sparse_available() {
             eprintln!("skipped: no AVX-512F (the row-sparse path is not used here)");
             return;
         }
-        for &(m, n, k) in &[(512, 128, 128), (70, 130, 300), (13, 40, 1000)] {
+        for &(m, n, k) in &[(512, 128, 128), (70, 130, 300), (13, 70, 1000)] {
             // A^T (k x m) row-major, ReLU-like: A column-major.
             let mut at = relu(k * m, 11);
             at[3 * m + 1] = f32::NAN;
@@ -1794,6 +1805,26 @@ mod tests {
                 }
             }
         }
+        // Few steps and the result stored transposed: the transpose would cost more than
+        // the row-sparse product saves; the dense kernel runs (on the swapped operands).
+        let (m, n, k) = (512, 128, 16);
+        let at = relu(k * m, 15);
+        let b = values(k * n, 16);
+        let ar = MatRef {
+            ptr: at.as_ptr(),
+            rs: 1,
+            cs: m,
+        };
+        let br = MatRef {
+            ptr: b.as_ptr(),
+            rs: n,
+            cs: 1,
+        };
+        let (_, blocks) = on_both_paths((m, n, k), ar, br, |ptr| MatMut::strided(ptr, 1, m));
+        assert_eq!(
+            blocks, 0,
+            "a 16-step product stored transposed went row-sparse"
+        );
         // A dense column-major A: the copy is not made, the dense kernel runs.
         let (m, n, k) = (64, 64, 128);
         let at = values(k * m, 13);
