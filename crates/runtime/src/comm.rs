@@ -11,7 +11,9 @@
 //! (`reference/collective.rs`): reductions run in rank order, floats accumulate in f64 and
 //! round once (so results are bit-identical to the reference), i32 sums wrap, max/min
 //! propagate NaN; gathers and all-to-alls are strided block copies, one task per receiving
-//! device on the rayon pool. [`wire_bytes`] is the byte count each device sends.
+//! device on the rayon pool (an all-to-all asked for its results transposed, through
+//! [`Communicator::collective_transposed`], places its blocks in that layout: no second
+//! pass). [`wire_bytes`] is the byte count each device sends.
 
 use crate::kernels::layout::copy_strided;
 use crate::kernels::reduce::{fmax, fmin};
@@ -54,6 +56,21 @@ pub trait Communicator: Send + Sync {
         local: Vec<HostTensor>,
     ) -> Result<Vec<HostTensor>, CommError>;
 
+    /// [`Communicator::collective`] with each result transposed by `perm` (the executor
+    /// asks this for an all-to-all whose only reader is a transpose). The default
+    /// transposes the results; a backend may write them in that layout directly.
+    fn collective_transposed(
+        &self,
+        index: usize,
+        op: &Op,
+        mesh: &Mesh,
+        local: Vec<HostTensor>,
+        perm: &[usize],
+    ) -> Result<Vec<HostTensor>, CommError> {
+        let out = self.collective(index, op, mesh, local)?;
+        Ok(out.into_iter().map(|t| transposed(&t, perm)).collect())
+    }
+
     /// This process's index among the processes that run the mesh (0 when there is one).
     fn process_index(&self) -> usize {
         0
@@ -68,6 +85,17 @@ pub trait Communicator: Send + Sync {
     /// gathering outputs, agreeing on a program, sharing a tokenizer).
     fn all_gather_bytes(&self, mine: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
         Ok(vec![mine])
+    }
+}
+
+/// `t` transposed by `perm` (result dim `i` is `t`'s dim `perm[i]`).
+pub fn transposed(t: &HostTensor, perm: &[usize]) -> HostTensor {
+    let shape: Vec<usize> = perm.iter().map(|&d| t.ty.shape[d]).collect();
+    let mut data = zeros(t.ty.dtype, t.data.len());
+    crate::kernels::layout::transpose(&t.data, &t.ty.shape, perm, &mut data);
+    HostTensor {
+        ty: t.ty.with_shape(shape),
+        data,
     }
 }
 
@@ -401,6 +429,35 @@ impl Communicator for InProcess {
         mesh: &Mesh,
         local: Vec<HostTensor>,
     ) -> Result<Vec<HostTensor>, CommError> {
+        self.run(index, op, mesh, local, None)
+    }
+
+    fn collective_transposed(
+        &self,
+        index: usize,
+        op: &Op,
+        mesh: &Mesh,
+        local: Vec<HostTensor>,
+        perm: &[usize],
+    ) -> Result<Vec<HostTensor>, CommError> {
+        if let Op::AllToAll { .. } = op {
+            return self.run(index, op, mesh, local, Some(perm));
+        }
+        let out = self.collective(index, op, mesh, local)?;
+        Ok(out.into_iter().map(|t| transposed(&t, perm)).collect())
+    }
+}
+
+impl InProcess {
+    /// Every collective; `a2a_perm`: an all-to-all's results are written transposed by it.
+    fn run(
+        &self,
+        index: usize,
+        op: &Op,
+        mesh: &Mesh,
+        local: Vec<HostTensor>,
+        a2a_perm: Option<&[usize]>,
+    ) -> Result<Vec<HostTensor>, CommError> {
         let fail = |msg: String| CommError::Failed {
             index,
             op: op.name().into(),
@@ -517,16 +574,29 @@ impl Communicator for InProcess {
                     let mut block = shape.clone();
                     block[*split_dim] = m;
                     let c = block[*concat_dim];
+                    // Strides of the result's dims where it is stored: row-major, or
+                    // row-major in the transposed layout `a2a_perm` asks for.
+                    let (ost, stored) = match a2a_perm {
+                        Some(perm) => {
+                            let ps: Vec<usize> = perm.iter().map(|&d| os[d]).collect();
+                            let pst = strides(&ps);
+                            let mut ost = vec![0; os.len()];
+                            for (i, &d) in perm.iter().enumerate() {
+                                ost[d] = pst[i];
+                            }
+                            (ost, ps)
+                        }
+                        None => (strides(&os), os),
+                    };
+                    let ist = strides(shape);
                     for (j, x) in xs.iter().enumerate() {
                         // Block r of source j, placed at j along concat_dim.
-                        let ist = strides(shape);
-                        let ost = strides(&os);
                         let soff = r * m * ist[*split_dim];
                         let doff = j * c * ost[*concat_dim];
                         with_data2!(*x, &mut out, a, b => copy_strided(a, soff, &ist, b, doff, &ost, &block));
                     }
                     HostTensor {
-                        ty: ty.with_shape(os),
+                        ty: ty.with_shape(stored),
                         data: out,
                     }
                 }

@@ -8,7 +8,9 @@
 //!   not a program output and that consumer is its only user; splat constants, iotas and
 //!   broadcasts feeding a group are inlined as generated leaves (re-evaluated per use rather
 //!   than materialised). Only group roots are written to memory.
-//! - *Aliases*: a `reshape`/`copy`/`stop_gradient` of a materialised value shares its buffer.
+//! - *Aliases*: a `reshape`/`copy`/`stop_gradient` of a materialised value shares its buffer;
+//!   so does a transpose that is an all-to-all's only reader, whose layout the all-to-all
+//!   writes (`Communicator::collective_transposed`).
 //! - *Dots* are normalised once ([`DotPlan`]); a transpose that is a dot's only user
 //!   (directly or through collectives over groups of one) is written by the dot. A multiply
 //!   by a splat one is its other operand.
@@ -151,7 +153,12 @@ enum Kind {
         keep: bool,
     },
     Kernel,
-    Collective,
+    /// A collective between segments; with `out_perm`, each device's result is written
+    /// transposed by it (an all-to-all whose only reader is a transpose, which becomes an
+    /// alias of this value).
+    Collective {
+        out_perm: Option<Vec<usize>>,
+    },
 }
 
 #[derive(Debug)]
@@ -778,7 +785,7 @@ fn coalesce_collectives(p: &Program, steps: Vec<Step>) -> Vec<Step> {
             queue.extend(waiting.drain(..));
             continue;
         };
-        let collective = matches!(s.kind, Kind::Collective);
+        let collective = matches!(s.kind, Kind::Collective { .. });
         let large = |v: &usize| p.instrs[*v].ty.num_elements() >= SMALL_COLLECTIVE;
         if s.reads.iter().any(|r| unavailable.contains(r)) {
             if s.reads.iter().any(large) {
@@ -875,6 +882,8 @@ impl Executable {
         let mut pending_dot: HashMap<usize, (DotPlan, Vec<usize>, String)> = HashMap::new();
         // Trivial collectives between a dot and the transpose fused into it: no step.
         let mut passed: Vec<usize> = Vec::new();
+        // Transposes written by the all-to-all that is their operand.
+        let mut folded: Vec<usize> = Vec::new();
         for i in 0..n {
             let ins = &p.instrs[i];
             let dead = consumers[i].is_empty() && !is_output[i];
@@ -906,8 +915,33 @@ impl Executable {
                     let src = operands[0];
                     steps.push(step(Kind::Alias(src), vec![src], "alias", label));
                 }
+                Op::Transpose { .. } if folded.contains(&i) => {
+                    // Written transposed by the all-to-all that is its operand.
+                    let src = operands[0];
+                    steps.push(step(Kind::Alias(src), vec![src], "alias", label));
+                }
                 op if op.is_collective() => {
-                    steps.push(step(Kind::Collective, operands, "collective", label))
+                    // An all-to-all read only by a transpose writes its results in the
+                    // transpose's layout (the in-process backend places each block there
+                    // directly): the MoE dispatch's `[G, E, C, M]` -> `[E, G, C, M]` costs
+                    // no pass of its own.
+                    let out_perm = match (op, consumers[i].as_slice(), is_output[i]) {
+                        (Op::AllToAll { .. }, [c], false) if !reference_kernels => {
+                            match &p.instrs[*c].op {
+                                Op::Transpose { perm } => {
+                                    folded.push(*c);
+                                    Some(perm.clone())
+                                }
+                                _ => None,
+                            }
+                        }
+                        _ => None,
+                    };
+                    let mut st = step(Kind::Collective { out_perm }, operands, "collective", label);
+                    if let Kind::Collective { out_perm: Some(_) } = &st.kind {
+                        st.label = format!("{} +transpose %{}", st.label, folded[folded.len() - 1]);
+                    }
+                    steps.push(st)
                 }
                 op if fusible(op) && !reference_kernels => {
                     if absorbed[i] {
@@ -1075,7 +1109,7 @@ impl Executable {
         let mut segments = Vec::new();
         let mut start = 0;
         for (si, s) in steps.iter().enumerate() {
-            if matches!(s.kind, Kind::Collective) {
+            if matches!(s.kind, Kind::Collective { .. }) {
                 if start < si {
                     segments.push(Segment::Local(start..si));
                 }
@@ -1354,7 +1388,12 @@ impl Executable {
                 }
             })?
         } else {
-            comm.collective(s.instr, &ins.op, mesh, local)?
+            match &s.kind {
+                Kind::Collective {
+                    out_perm: Some(perm),
+                } => comm.collective_transposed(s.instr, &ins.op, mesh, local, perm)?,
+                _ => comm.collective(s.instr, &ins.op, mesh, local)?,
+            }
         };
         let sent = wire_bytes(&ins.op, &operand_ty, k);
         match stats.iter_mut().find(|c| c.kind == ins.op.name()) {
@@ -1761,7 +1800,7 @@ impl Dev<'_> {
                 };
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }
-            Kind::Collective => unreachable!("collectives run between segments"),
+            Kind::Collective { .. } => unreachable!("collectives run between segments"),
         }
         if let (Some(p), Some(t0)) = (self.profiler, t0) {
             let t1 = p.now_us();

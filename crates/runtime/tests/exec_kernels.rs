@@ -810,7 +810,9 @@ fn x_per_device(rng: &mut Rng, ty: &Type, devices: usize) -> Vec<HashMap<String,
         .collect()
 }
 
-/// Every collective on meshes [x=4] and [a=2, b=2] against `reference::run_spmd`, exactly.
+/// Every collective on meshes [x=4] and [a=2, b=2] against `reference::run_spmd`, exactly;
+/// all-to-alls whose only reader is a transpose too (the executor has them write the
+/// transposed layout).
 #[test]
 fn collectives_match_the_reference_exactly() {
     for (spec, axes) in [
@@ -887,6 +889,22 @@ fn collectives_match_the_reference_exactly() {
                     None,
                 ),
             );
+            // All-to-alls read only by a transpose: written in the transposed layout.
+            for (name, split_dim, concat_dim, perm) in [
+                ("a2a_t", 1, 0, vec![1, 0, 2]),
+                ("a2a_t2", 0, 2, vec![2, 0, 1]),
+            ] {
+                let a = b.emit(
+                    Op::AllToAll {
+                        split_dim,
+                        concat_dim,
+                        axes: axes.clone(),
+                    },
+                    &[&x],
+                    None,
+                );
+                b.output(name, &b.emit(Op::Transpose { perm }, &[&a], None));
+            }
             let pairs: Vec<(usize, usize)> = (0..k.saturating_sub(1)).map(|r| (r, r + 1)).collect();
             b.output(
                 "perm",
