@@ -96,7 +96,8 @@ unsafe fn store<const R: usize, const P: usize>(
     }
 }
 
-/// Start fetching the C tile's lines: its stores come after `kc` steps.
+/// Start fetching the C tile's lines at once (a tile of fewer steps than lines; otherwise
+/// [`kernel`] spreads them over its first steps): its stores come after `kc` steps.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn prefetch_c<const P: usize>(c: &[*mut f32], cs: usize) {
@@ -139,12 +140,22 @@ unsafe fn kernel<const R: usize, const P: usize>(
 ) {
     // SAFETY: the caller's contract bounds every pointer offset below.
     unsafe {
-        prefetch_c::<P>(&c[..R], cs);
+        // The C tile's lines are fetched one per step over the first `R * P` steps (not
+        // as a burst before the tile: see `pf`); its stores come after `kc` steps.
+        let spread_c = cs == 1 && kc >= R * P;
+        if !spread_c {
+            prefetch_c::<P>(&c[..R], cs);
+        }
         let mut acc: Acc<R, P> = [[_mm512_setzero_ps(); P]; R];
         let mut bp = b;
         for p in 0..kc {
             if p < pf.1 {
                 _mm_prefetch::<_MM_HINT_T1>((pf.0 + p * 64) as *const i8);
+            }
+            if spread_c && p < R * P {
+                // Prefetches never fault.
+                let line = c[p / P].wrapping_add((p % P) * NR);
+                _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
             }
             let mut bv = [_mm512_setzero_ps(); P];
             for (q, y) in bv.iter_mut().enumerate() {
