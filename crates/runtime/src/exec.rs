@@ -9,8 +9,8 @@
 //!   broadcasts feeding a group are inlined as generated leaves (re-evaluated per use rather
 //!   than materialised). Only group roots are written to memory.
 //! - *Aliases*: a `reshape`/`copy`/`stop_gradient` of a materialised value shares its buffer;
-//!   so does a transpose that is an all-to-all's only reader, whose layout the all-to-all
-//!   writes (`Communicator::collective_transposed`).
+//!   a transpose that is an all-to-all's only reader takes the all-to-all's buffer over,
+//!   the all-to-all having written its layout (`Communicator::collective_transposed`).
 //! - *Dots* are normalised once ([`DotPlan`]); a transpose that is a dot's only user
 //!   (directly or through collectives over groups of one) is written by the dot. A multiply
 //!   by a splat one is its other operand.
@@ -123,6 +123,9 @@ enum Kind {
     },
     /// Shares the buffer of this value.
     Alias(usize),
+    /// The value of another, whose only reader this is, taken over buffer and all (a
+    /// transpose whose layout the all-to-all producing its operand wrote).
+    Move(usize),
     Dot(Box<DotPlan>),
     /// An f32 dot used only multiplied by one of the f32 values `masks` (its shape) and then
     /// summed: computed where a mask is non-zero, when that is exact ([`dot_masked`]),
@@ -916,19 +919,25 @@ impl Executable {
                     steps.push(step(Kind::Alias(src), vec![src], "alias", label));
                 }
                 Op::Transpose { .. } if folded.contains(&i) => {
-                    // Written transposed by the all-to-all that is its operand.
+                    // Written transposed by the all-to-all that is its operand, whose only
+                    // reader it is: it takes that buffer over (its own buffer class, so a
+                    // reader can still overwrite it in place or move it on).
                     let src = operands[0];
-                    steps.push(step(Kind::Alias(src), vec![src], "alias", label));
+                    steps.push(step(Kind::Move(src), vec![src], "alias", label));
                 }
                 op if op.is_collective() => {
                     // An all-to-all read only by a transpose writes its results in the
                     // transpose's layout (the in-process backend places each block there
                     // directly): the MoE dispatch's `[G, E, C, M]` -> `[E, G, C, M]` costs
                     // no pass of its own.
+                    // (Only where the transpose keeps the last dim last: each block is
+                    // then copied as whole rows.)
                     let out_perm = match (op, consumers[i].as_slice(), is_output[i]) {
                         (Op::AllToAll { .. }, [c], false) if !reference_kernels => {
                             match &p.instrs[*c].op {
-                                Op::Transpose { perm } => {
+                                Op::Transpose { perm }
+                                    if perm.last() == Some(&(perm.len() - 1)) =>
+                                {
                                     folded.push(*c);
                                     Some(perm.clone())
                                 }
@@ -1577,6 +1586,7 @@ impl Dev<'_> {
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(Data::I32(vec![self.pos as i32]))));
             }
             Kind::Alias(src) => self.vals[s.instr] = self.vals[*src].clone(),
+            Kind::Move(src) => self.vals[s.instr] = self.vals[*src].take(),
             Kind::Fused {
                 f,
                 inputs,

@@ -9,7 +9,8 @@
 //! instructions per FMA, the same bits; [`set_wide`] turns it off, for comparisons).
 //! Packing reads any row/column strides, so a
 //! transposed operand costs nothing extra; the result is written through its own strides
-//! (a transposed result is free too).
+//! (a transposed result is free too, computed as `B^T A^T`, except on the row-sparse path
+//! below, which stores it by register transposes).
 //!
 //! Numerics: every output element is the f32 sum of its `k` products in increasing `k`
 //! (FMA-rounded), one `KC` block after the other; the order never depends on the thread
@@ -18,10 +19,13 @@
 //! **Row-sparse `A`** ([`sparse`], AVX-512): a row-major `A` of which a sample of rows is at
 //! most 60 % non-zero (a ReLU output, or a gradient masked by one: two of an MoE expert's
 //! six GEMMs) is multiplied by its non-zeros only, each one a broadcast against a packed row
-//! of `B` into sixteen-lane accumulators. A column-major one (the ReLU output read
-//! transposed in the down-projection's weight gradient, a third) is first copied row-major. The sums keep the dense kernel's order, so the
-//! bits are the same (but for the sign of a zero sum after an underflow, as with the zero
-//! rows [`sgemm`] skips; [`set_sparse_a`] turns the path off, for comparisons).
+//! of `B` into sixteen-lane accumulators. A column-major one is first copied row-major
+//! (the ReLU output read transposed in the down-projection's weight gradient `h^T dy`, and
+//! the masked gradient in the up-projection's `dh'^T x`, whose result is stored transposed:
+//! it is computed row-major, then stored by register transposes; four of the six). The
+//! sums keep the dense kernel's order, so the bits are the same (but for the sign of a zero
+//! sum after an underflow, as with the zero rows [`sgemm`] skips; [`set_sparse_a`] turns
+//! the path off, for comparisons).
 //!
 //! Why not only the `gemm` crate: its dense rates are this kernel's (with its AVX-512 build,
 //! `x86-v4`; its AVX2 build reached 79 % of the FMA peak on the MoE expert shapes), but it
@@ -143,7 +147,9 @@ thread_local! {
 }
 
 /// The most floats of a column-major `A` that are copied row-major for the row-sparse path
-/// (4 MiB: a large expert's 1024 x 256 is 1 MiB).
+/// (4 MiB: a large expert's 1024 x 256 is 1 MiB), and of a transposed result computed
+/// row-major first. Each is a per-thread scratch kept for reuse (outside the executor's
+/// peak-memory figure, like the packing buffers).
 const ROWS_MAX: usize = 1 << 20;
 /// The fewest columns of `C` for which a column-major `A` is copied row-major for the
 /// row-sparse path: each copied element then saves at least 64 multiply-adds' share.

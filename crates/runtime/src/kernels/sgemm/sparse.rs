@@ -2,9 +2,9 @@
 //!
 //! Half of the values of a ReLU's output are exact zeros, and so are half of the values of
 //! its masked gradient. Two of an MoE expert's six GEMMs take such an operand as a
-//! row-major `A` (the down-projection `relu(h) · Wo` forward, `dh' · Wi^T` backward), and a
-//! third as a column-major one (`relu(h)^T · dy`, copied row-major first), where a product
-//! `0 · b` adds nothing. This kernel multiplies only the non-zero elements of each
+//! row-major `A` (the down-projection `relu(h) · Wo` forward, `dh' · Wi^T` backward), and
+//! two as a column-major one (the weight gradients `relu(h)^T · dy` and `dh'^T · x`, copied
+//! row-major first), where a product `0 · b` adds nothing. This kernel multiplies only the non-zero elements of each
 //! row of `A`: a row's non-zeros over a slice of steps are compressed to (step, value)
 //! lists with AVX-512 `vcompressps`, and each value is multiplied into eight 16-lane
 //! accumulators (128 columns of `C`) against the step's packed row of `B`. The block of `B`
