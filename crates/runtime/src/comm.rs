@@ -67,8 +67,10 @@ pub trait Communicator: Send + Sync {
         local: Vec<HostTensor>,
         perm: &[usize],
     ) -> Result<Vec<HostTensor>, CommError> {
-        let out = self.collective(index, op, mesh, local)?;
-        Ok(out.into_iter().map(|t| transposed(&t, perm)).collect())
+        Ok(all_transposed(
+            self.collective(index, op, mesh, local)?,
+            perm,
+        ))
     }
 
     /// This process's index among the processes that run the mesh (0 when there is one).
@@ -97,6 +99,11 @@ pub fn transposed(t: &HostTensor, perm: &[usize]) -> HostTensor {
         ty: t.ty.with_shape(shape),
         data,
     }
+}
+
+/// Every result of a collective transposed by `perm`.
+fn all_transposed(out: Vec<HostTensor>, perm: &[usize]) -> Vec<HostTensor> {
+    out.iter().map(|t| transposed(t, perm)).collect()
 }
 
 /// Block `[start, start+len)` along `dim` of `x` (shape `shape`) as its own buffer.
@@ -443,8 +450,10 @@ impl Communicator for InProcess {
         if let Op::AllToAll { .. } = op {
             return self.run(index, op, mesh, local, Some(perm));
         }
-        let out = self.collective(index, op, mesh, local)?;
-        Ok(out.into_iter().map(|t| transposed(&t, perm)).collect())
+        Ok(all_transposed(
+            self.collective(index, op, mesh, local)?,
+            perm,
+        ))
     }
 }
 

@@ -1811,41 +1811,38 @@ mod tests {
                 }
             }
         }
+        // Cases the dense kernel keeps: blocks on the row-sparse path for a column-major
+        // `A^T` = `at` (`k x m`) times a dense `B`, the result stored transposed or not.
+        let dense_blocks = |(m, n, k): (usize, usize, usize), at: &[f32], transposed: bool| {
+            let b = values(k * n, 16);
+            let ar = MatRef {
+                ptr: at.as_ptr(),
+                rs: 1,
+                cs: m,
+            };
+            let br = MatRef {
+                ptr: b.as_ptr(),
+                rs: n,
+                cs: 1,
+            };
+            on_both_paths((m, n, k), ar, br, |ptr| {
+                if transposed {
+                    MatMut::strided(ptr, 1, m)
+                } else {
+                    MatMut::strided(ptr, n, 1)
+                }
+            })
+            .1
+        };
         // Few steps and the result stored transposed: the transpose would cost more than
         // the row-sparse product saves; the dense kernel runs (on the swapped operands).
-        let (m, n, k) = (512, 128, 16);
-        let at = relu(k * m, 15);
-        let b = values(k * n, 16);
-        let ar = MatRef {
-            ptr: at.as_ptr(),
-            rs: 1,
-            cs: m,
-        };
-        let br = MatRef {
-            ptr: b.as_ptr(),
-            rs: n,
-            cs: 1,
-        };
-        let (_, blocks) = on_both_paths((m, n, k), ar, br, |ptr| MatMut::strided(ptr, 1, m));
+        let blocks = dense_blocks((512, 128, 16), &relu(16 * 512, 15), true);
         assert_eq!(
             blocks, 0,
             "a 16-step product stored transposed went row-sparse"
         );
         // A dense column-major A: the copy is not made, the dense kernel runs.
-        let (m, n, k) = (64, 64, 128);
-        let at = values(k * m, 13);
-        let b = values(k * n, 14);
-        let ar = MatRef {
-            ptr: at.as_ptr(),
-            rs: 1,
-            cs: m,
-        };
-        let br = MatRef {
-            ptr: b.as_ptr(),
-            rs: n,
-            cs: 1,
-        };
-        let (_, blocks) = on_both_paths((m, n, k), ar, br, |ptr| MatMut::strided(ptr, n, 1));
+        let blocks = dense_blocks((64, 64, 128), &values(128 * 64, 13), false);
         assert_eq!(blocks, 0, "a dense A took the row-sparse path");
     }
 
