@@ -160,31 +160,33 @@ fn bench_gemm(c: &mut Criterion) {
     // up-projection, down-projection, and the weight gradient (A read transposed); names
     // are `m x n x k`. The `relu_` rows give the small expert's down-projection a ReLU
     // output (half of A zero) with the row-sparse path forbidden or allowed (AVX-512 only;
-    // the same bits); the `avx2tile_` rows use the AVX2 6x16 tile where the CPU has the AVX-512 one.
+    // the same bits), the `reluT_` rows the same A read transposed (a weight gradient), the
+    // `reluTT_` rows with the result stored transposed too; the `avx2tile_` rows use the
+    // AVX2 6x16 tile where the CPU has the AVX-512 one.
     if runtime::kernels::sgemm::available() {
         use runtime::kernels::sgemm::{
             set_sparse_a, set_wide, sgemm, sparse_available, MatMut, MatRef,
         };
-        for (name, m, n, k, a_t, sparse) in [
-            ("raw_sgemm_256x1024x256", 256, 1024, 256, false, None),
-            ("raw_sgemm_256x256x1024", 256, 256, 1024, false, None),
-            ("raw_sgemm_T1024x256x256", 1024, 256, 256, true, None),
-            ("raw_sgemm_512x512x512", 512, 512, 512, false, None),
+        for (name, m, n, k, t, sparse) in [
+            ("raw_sgemm_256x1024x256", 256, 1024, 256, "", None),
+            ("raw_sgemm_256x256x1024", 256, 256, 1024, "", None),
+            ("raw_sgemm_T1024x256x256", 1024, 256, 256, "a", None),
+            ("raw_sgemm_512x512x512", 512, 512, 512, "", None),
             // The smaller benchmark shape's expert (G*C=128 tokens, M=128, H=512).
-            ("raw_sgemm_128x512x128", 128, 512, 128, false, None),
+            ("raw_sgemm_128x512x128", 128, 512, 128, "", None),
             // The same with B read transposed (the expert's ReLU-gradient GEMM, dY W2^T).
-            ("rawBt_sgemm_128x512x128", 128, 512, 128, false, None),
+            ("rawBt_sgemm_128x512x128", 128, 512, 128, "b", None),
             // The same with the AVX2 6x16 tile instead of the AVX-512 6x48 one (same bits).
-            ("avx2tile_sgemm_128x512x128", 128, 512, 128, false, None),
-            ("avx2tile_sgemm_512x512x512", 512, 512, 512, false, None),
-            ("raw_sgemm_128x128x512", 128, 128, 512, false, None),
-            ("raw_sgemm_T512x128x128", 512, 128, 128, true, None),
+            ("avx2tile_sgemm_128x512x128", 128, 512, 128, "", None),
+            ("avx2tile_sgemm_512x512x512", 512, 512, 512, "", None),
+            ("raw_sgemm_128x128x512", 128, 128, 512, "", None),
+            ("raw_sgemm_T512x128x128", 512, 128, 128, "a", None),
             (
                 "relu_sgemm_128x128x512/dense",
                 128,
                 128,
                 512,
-                false,
+                "",
                 Some(false),
             ),
             (
@@ -192,7 +194,7 @@ fn bench_gemm(c: &mut Criterion) {
                 128,
                 128,
                 512,
-                false,
+                "",
                 Some(true),
             ),
             // The weight gradient `h^T dy` of the down-projection: a ReLU output read
@@ -202,7 +204,7 @@ fn bench_gemm(c: &mut Criterion) {
                 512,
                 128,
                 128,
-                true,
+                "a",
                 Some(false),
             ),
             (
@@ -210,7 +212,7 @@ fn bench_gemm(c: &mut Criterion) {
                 512,
                 128,
                 128,
-                true,
+                "a",
                 Some(true),
             ),
             // The same written transposed (the up-projection's weight gradient `dh'^T x`
@@ -220,7 +222,7 @@ fn bench_gemm(c: &mut Criterion) {
                 512,
                 128,
                 128,
-                true,
+                "ac",
                 Some(false),
             ),
             (
@@ -228,7 +230,7 @@ fn bench_gemm(c: &mut Criterion) {
                 512,
                 128,
                 128,
-                true,
+                "ac",
                 Some(true),
             ),
         ] {
@@ -242,6 +244,9 @@ fn bench_gemm(c: &mut Criterion) {
             };
             let bm = data(k * n, 2);
             let mut cm = vec![0.0f32; m * n];
+            // Which operands are stored transposed: `a` (A column-major), `b` (B
+            // column-major), `c` (C column-major).
+            let (a_t, b_t, c_t) = (t.contains('a'), t.contains('b'), t.contains('c'));
             let ar = if a_t {
                 MatRef {
                     ptr: a.as_ptr(),
@@ -260,7 +265,7 @@ fn bench_gemm(c: &mut Criterion) {
                 set_sparse_a(sparse.unwrap_or(true));
                 set_wide(!name.starts_with("avx2tile"));
                 bch.iter(|| {
-                    let br = if name.starts_with("rawBt") {
+                    let br = if b_t {
                         MatRef {
                             ptr: bm.as_ptr(),
                             rs: 1,
@@ -273,7 +278,7 @@ fn bench_gemm(c: &mut Criterion) {
                             cs: 1,
                         }
                     };
-                    let cw = if name.starts_with("reluTT") {
+                    let cw = if c_t {
                         MatMut::strided(cm.as_mut_ptr(), 1, m)
                     } else {
                         MatMut::strided(cm.as_mut_ptr(), n, 1)

@@ -91,7 +91,7 @@ pub trait Communicator: Send + Sync {
 }
 
 /// `t` transposed by `perm` (result dim `i` is `t`'s dim `perm[i]`).
-pub fn transposed(t: &HostTensor, perm: &[usize]) -> HostTensor {
+fn transposed(t: &HostTensor, perm: &[usize]) -> HostTensor {
     let shape: Vec<usize> = perm.iter().map(|&d| t.ty.shape[d]).collect();
     let mut data = zeros(t.ty.dtype, t.data.len());
     crate::kernels::layout::transpose(&t.data, &t.ty.shape, perm, &mut data);

@@ -157,8 +157,8 @@ enum Kind {
     },
     Kernel,
     /// A collective between segments; with `out_perm`, each device's result is written
-    /// transposed by it (an all-to-all whose only reader is a transpose, which becomes an
-    /// alias of this value).
+    /// transposed by it (an all-to-all whose only reader is a transpose, which takes the
+    /// result over: [`Kind::Move`]).
     Collective {
         out_perm: Option<Vec<usize>>,
     },
@@ -886,7 +886,7 @@ impl Executable {
         // Trivial collectives between a dot and the transpose fused into it: no step.
         let mut passed: Vec<usize> = Vec::new();
         // Transposes written by the all-to-all that is their operand.
-        let mut folded: Vec<usize> = Vec::new();
+        let mut folded = vec![false; n];
         for i in 0..n {
             let ins = &p.instrs[i];
             let dead = consumers[i].is_empty() && !is_output[i];
@@ -918,7 +918,7 @@ impl Executable {
                     let src = operands[0];
                     steps.push(step(Kind::Alias(src), vec![src], "alias", label));
                 }
-                Op::Transpose { .. } if folded.contains(&i) => {
+                Op::Transpose { .. } if folded[i] => {
                     // Written transposed by the all-to-all that is its operand, whose only
                     // reader it is: it takes that buffer over (its own buffer class, so a
                     // reader can still overwrite it in place or move it on).
@@ -932,25 +932,32 @@ impl Executable {
                     // no pass of its own.
                     // (Only where the transpose keeps the last dim last: each block is
                     // then copied as whole rows.)
-                    let out_perm = match (op, consumers[i].as_slice(), is_output[i]) {
-                        (Op::AllToAll { .. }, [c], false) if !reference_kernels => {
-                            match &p.instrs[*c].op {
+                    let fold = match (op, consumers[i].as_slice(), is_output[i]) {
+                        (Op::AllToAll { .. }, &[c], false) if !reference_kernels => {
+                            match &p.instrs[c].op {
                                 Op::Transpose { perm }
                                     if perm.last() == Some(&(perm.len() - 1)) =>
                                 {
-                                    folded.push(*c);
-                                    Some(perm.clone())
+                                    Some((c, perm.clone()))
                                 }
                                 _ => None,
                             }
                         }
                         _ => None,
                     };
-                    let mut st = step(Kind::Collective { out_perm }, operands, "collective", label);
-                    if let Kind::Collective { out_perm: Some(_) } = &st.kind {
-                        st.label = format!("{} +transpose %{}", st.label, folded[folded.len() - 1]);
-                    }
-                    steps.push(st)
+                    let (label, out_perm) = match fold {
+                        Some((c, perm)) => {
+                            folded[c] = true;
+                            (format!("{label} +transpose %{c}"), Some(perm))
+                        }
+                        None => (label, None),
+                    };
+                    steps.push(step(
+                        Kind::Collective { out_perm },
+                        operands,
+                        "collective",
+                        label,
+                    ))
                 }
                 op if fusible(op) && !reference_kernels => {
                     if absorbed[i] {

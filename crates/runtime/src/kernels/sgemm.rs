@@ -140,7 +140,7 @@ impl Scratch {
 thread_local! {
     /// Packed `A`, packed `B`, and the row-sparse path's partial sums.
     static PACK: RefCell<(Scratch, Scratch, Scratch)> = RefCell::new(Default::default());
-    /// A column-major `A` copied row-major for the row-sparse path ([`rows_of_columns`]).
+    /// A column-major `A` copied row-major for the row-sparse path ([`transpose_lines`]).
     static ROWS: RefCell<Scratch> = RefCell::new(Default::default());
     /// The row-major result of a row-sparse product that is stored transposed.
     static RESULT: RefCell<Scratch> = RefCell::new(Default::default());
@@ -302,7 +302,7 @@ unsafe fn sgemm_impl(
         && m * k <= ROWS_MAX
         && m * n <= ROWS_MAX
         && sparse::available()
-        && unsafe { sparse::worth(&sample_steps(k), m, |p| a.ptr.add(p * a.cs)) }
+        && unsafe { sparse::worth(sample_steps(k, &mut [0; 8]), m, |p| a.ptr.add(p * a.cs)) }
     {
         return RESULT.with(|cell| {
             let mut buf = cell.borrow_mut();
@@ -319,7 +319,8 @@ unsafe fn sgemm_impl(
                     ahead,
                     true,
                 );
-                columns_of_rows(tmp, m, n, c);
+                let s = tmp.as_ptr();
+                transpose_lines(m, n, |i| s.add(i * n), |j| c.ptr.add(j * c.cs));
             }
         });
     }
@@ -434,63 +435,48 @@ unsafe fn sgemm_impl(
             && m * ks.len() <= ROWS_MAX
             && sparse::available()
             && sparse::worth(&ks, m, |p| a.ptr.add(p * a.cs));
+        // The blocked loop on `a` (a row-major copy of it with `compact_a`), the row-sparse
+        // path taken or not.
+        let run = |a: MatRef, sparse_a: bool, compact_a: bool| {
+            PACK.with(|cell| {
+                let mut bufs = cell.borrow_mut();
+                let (sa, sb, st) = &mut *bufs;
+                let pa = sa.get(MC.div_ceil(MR) * MR * KC);
+                let pb = sb.get(NC.div_ceil(NR) * NR * KC);
+                let tmp = if sparse_a && ks.len() > KC {
+                    st.get(live.len() * n.min(NC))
+                } else {
+                    st.get(0)
+                };
+                // A few lines of the spans ahead per micro-tile (or sparse row and slice),
+                // spread over the whole call.
+                let tiles = if sparse_a {
+                    n.div_ceil(sparse::GROUP) * live.len() * ks.len().div_ceil(sparse::SLICE)
+                } else {
+                    n.div_ceil(tile_width()) * live.len().div_ceil(MR) * ks.len().div_ceil(KC)
+                };
+                let mut fetch = Fetch::new(if tiny { &[] } else { ahead }, tiles);
+                let bufs = Bufs { pa, pb, tmp };
+                let steps = Steps { ks: &ks, compact_a };
+                blocked(n, steps, &live, &dead, a, b, c, bufs, sparse_a, &mut fetch);
+            })
+        };
         if sparse_cols {
-            return ROWS.with(|cell| {
+            ROWS.with(|cell| {
                 let mut rows = cell.borrow_mut();
-                let at = rows.get(m * ks.len());
-                rows_of_columns(a, m, &ks, at);
-                let a = MatRef {
-                    ptr: at.as_ptr(),
-                    rs: ks.len(),
+                let kk = ks.len();
+                let at = rows.get(m * kk).as_mut_ptr();
+                transpose_lines(kk, m, |t| a.ptr.add(ks[t] * a.cs), |i| at.add(i * kk));
+                let copy = MatRef {
+                    ptr: at,
+                    rs: kk,
                     cs: 1,
                 };
-                PACK.with(|cell| {
-                    let mut bufs = cell.borrow_mut();
-                    let (sa, sb, st) = &mut *bufs;
-                    let bufs = Bufs {
-                        pa: sa.get(0),
-                        pb: sb.get(NC.div_ceil(NR) * NR * KC),
-                        tmp: if ks.len() > KC {
-                            st.get(m * n.min(NC))
-                        } else {
-                            st.get(0)
-                        },
-                    };
-                    let tiles = n.div_ceil(sparse::GROUP) * m * ks.len().div_ceil(sparse::SLICE);
-                    let mut fetch = Fetch::new(ahead, tiles);
-                    let steps = Steps {
-                        ks: &ks,
-                        compact_a: true,
-                    };
-                    blocked(n, steps, &live, &dead, a, b, c, bufs, true, &mut fetch);
-                })
+                run(copy, true, true);
             });
+        } else {
+            run(a, sparse_a, false);
         }
-        PACK.with(|cell| {
-            let mut bufs = cell.borrow_mut();
-            let (sa, sb, st) = &mut *bufs;
-            let pa = sa.get(MC.div_ceil(MR) * MR * KC);
-            let pb = sb.get(NC.div_ceil(NR) * NR * KC);
-            let tmp = if sparse_a && ks.len() > KC {
-                st.get(live.len() * n.min(NC))
-            } else {
-                st.get(0)
-            };
-            // A few lines of the spans ahead per micro-tile (or sparse row and slice),
-            // spread over the whole call.
-            let tiles = if sparse_a {
-                n.div_ceil(sparse::GROUP) * live.len() * ks.len().div_ceil(sparse::SLICE)
-            } else {
-                n.div_ceil(tile_width()) * live.len().div_ceil(MR) * ks.len().div_ceil(KC)
-            };
-            let mut fetch = Fetch::new(if tiny { &[] } else { ahead }, tiles);
-            let bufs = Bufs { pa, pb, tmp };
-            let steps = Steps {
-                ks: &ks,
-                compact_a: false,
-            };
-            blocked(n, steps, &live, &dead, a, b, c, bufs, sparse_a, &mut fetch);
-        });
     }
 }
 
@@ -503,7 +489,7 @@ struct Bufs<'a> {
 }
 
 /// The steps `ks` (rows of `B`) that take part, and where `A` has them: its columns `ks`,
-/// or (`compact_a`, a row-major copy by [`rows_of_columns`]) its columns `0..ks.len()`.
+/// or (`compact_a`, a row-major copy by [`transpose_lines`]) its columns `0..ks.len()`.
 #[derive(Clone, Copy)]
 struct Steps<'a> {
     ks: &'a [usize],
@@ -776,92 +762,63 @@ unsafe fn all_zero(p: *const f32, n: usize) -> bool {
         .all(|c| c.iter().fold(true, |f, &x| f & (x == 0.0)))
 }
 
-/// Copy the column-major `m x ?` `A` (`a.rs == 1`) row-major with its columns `ks` side by
-/// side: `dst[i * ks.len() + t] = A[i, ks[t]]`, eight rows by eight steps per register
-/// transpose.
+/// Transpose between two sets of lines: `dst(j)[i] = src(i)[j]` for `i < lines`,
+/// `j < len` (the `lines` source lines `len` floats long become `len` destination lines
+/// `lines` floats long). Sixteen source lines by eight floats per pair of register
+/// transposes, so each destination line gets sixteen floats (a whole cache line where it
+/// is aligned) per store pair. Copies a column-major `A` row-major for the row-sparse path
+/// and stores that path's row-major result into a column-major `C`.
 ///
 /// # Safety
-/// AVX2; `A[i, p]` is readable for `i < m`, `p` in `ks`; `dst` holds `m * ks.len()` floats.
+/// AVX2; `len` floats readable at each `src(i)`, `lines` writable at each `dst(j)`, the
+/// destination lines disjoint.
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-unsafe fn rows_of_columns(a: MatRef, m: usize, ks: &[usize], dst: &mut [f32]) {
-    let kk = ks.len();
-    assert!(dst.len() >= m * kk);
-    let d = dst.as_mut_ptr();
-    let (m8, k8) = (m / 8 * 8, kk / 8 * 8);
-    // SAFETY (whole body): reads are `A[i, ks[t]]` with `i < m`, `t < kk`; writes are
-    // `dst[i * kk + t]`, inside `m * kk`.
+unsafe fn transpose_lines(
+    lines: usize,
+    len: usize,
+    src: impl Fn(usize) -> *const f32,
+    dst: impl Fn(usize) -> *mut f32,
+) {
+    let (l16, n8) = (lines / 16 * 16, len / 8 * 8);
+    // SAFETY (whole body): reads are `src(i) + j`, writes `dst(j) + i`, `i < lines`,
+    // `j < len`.
     unsafe {
         #[cfg(target_arch = "x86_64")]
-        for t0 in (0..k8).step_by(8) {
-            let cols: [*const f32; 8] = std::array::from_fn(|r| a.ptr.add(ks[t0 + r] * a.cs));
-            for i0 in (0..m8).step_by(8) {
-                let rows = avx2::transpose8(std::array::from_fn(|r| {
-                    std::arch::x86_64::_mm256_loadu_ps(cols[r].add(i0))
-                }));
-                for (q, v) in rows.into_iter().enumerate() {
-                    std::arch::x86_64::_mm256_storeu_ps(d.add((i0 + q) * kk + t0), v);
-                }
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let (m8, k8) = (0, 0);
-        for (t, &p) in ks.iter().enumerate() {
-            let col = a.ptr.add(p * a.cs);
-            let from = if t < k8 { m8 } else { 0 };
-            for i in from..m {
-                *d.add(i * kk + t) = *col.add(i);
-            }
-        }
-    }
-}
-
-/// Up to eight evenly spaced steps of `k` (the columns whose density [`sparse::worth`]
-/// samples).
-fn sample_steps(k: usize) -> Vec<usize> {
-    let picks = k.min(8);
-    (0..picks).map(|t| t * k / picks).collect()
-}
-
-/// Store the row-major `m x n` `src` into `c`, which is column-major (`c.rs == 1`, no
-/// table), eight rows by eight columns per register transpose.
-///
-/// # Safety
-/// AVX2; `src` holds `m * n` floats; `c` addresses `m x n` elements writable by this thread.
-#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-unsafe fn columns_of_rows(src: &[f32], m: usize, n: usize, c: MatMut) {
-    assert!(src.len() >= m * n && c.rs == 1);
-    let s = src.as_ptr();
-    let (m8, n8) = (m / 16 * 16, n / 8 * 8);
-    // SAFETY (whole body): reads are `src[i * n + j]`, writes `c[i + j * cs]`, `i < m`,
-    // `j < n`.
-    unsafe {
-        // Sixteen rows at a time: each column's sixteen values are one whole cache line
-        // of `c` (where it is aligned), written at once.
-        #[cfg(target_arch = "x86_64")]
-        for i0 in (0..m8).step_by(16) {
+        for i0 in (0..l16).step_by(16) {
+            let from: [*const f32; 16] = std::array::from_fn(|r| src(i0 + r));
             for j0 in (0..n8).step_by(8) {
-                let load = |i: usize| {
+                let load = |h: usize| {
                     avx2::transpose8(std::array::from_fn(|r| {
-                        std::arch::x86_64::_mm256_loadu_ps(s.add((i + r) * n + j0))
+                        std::arch::x86_64::_mm256_loadu_ps(from[h + r].add(j0))
                     }))
                 };
-                let (lo, hi) = (load(i0), load(i0 + 8));
+                let (lo, hi) = (load(0), load(8));
                 for q in 0..8 {
-                    let d = c.ptr.add((j0 + q) * c.cs + i0);
+                    let d = dst(j0 + q).add(i0);
                     std::arch::x86_64::_mm256_storeu_ps(d, lo[q]);
                     std::arch::x86_64::_mm256_storeu_ps(d.add(8), hi[q]);
                 }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let (m8, n8) = (0, 0);
-        for i in 0..m {
-            let from = if i < m8 { n8 } else { 0 };
-            for j in from..n {
-                *c.ptr.add(j * c.cs + i) = *s.add(i * n + j);
+        let (l16, n8) = (0, 0);
+        for i in 0..lines {
+            let from = src(i);
+            for j in (if i < l16 { n8 } else { 0 })..len {
+                *dst(j).add(i) = *from.add(j);
             }
         }
     }
+}
+
+/// Up to eight evenly spaced steps of `k` (the columns whose density [`sparse::worth`]
+/// samples), in `buf`.
+fn sample_steps(k: usize, buf: &mut [usize; 8]) -> &[usize] {
+    let picks = k.min(8);
+    for (t, x) in buf.iter_mut().take(picks).enumerate() {
+        *x = t * k / picks;
+    }
+    &buf[..picks]
 }
 
 /// Pack rows `rows` and steps `kidx` of A into row panels of `MR`: panel `p`, step `k`,
