@@ -453,34 +453,54 @@ impl GemmFloat for f64 {
     }
 }
 
-/// The number of non-zeros of `x` when at most 10 % of it is non-zero, else `None`. A dense
-/// operand (every expert GEMM is a candidate) is told apart by 4096 samples in evenly spaced
-/// runs (over a fifth non-zero); otherwise the count stops as soon as more than a tenth is
-/// non-zero. The answer only decides speed: every path gives the same values.
-fn sparse_count<T: GemmFloat>(x: &[T]) -> Option<usize> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    // Branch-free, so it vectorises (a one-hot operand is all scanned).
-    let count = |c: &[T]| {
-        with_avx2(
-            #[inline(always)]
-            || c.iter().fold(0usize, |n, &v| n + usize::from(v != T::ZERO)),
-        )
-    };
-    let limit = x.len() / 10;
-    if x.len() < super::PAR_MIN {
-        let n = count(x);
-        return (n <= limit).then_some(n);
-    }
+/// One non-zero of a sparse operand as its path adds it: the result's row (lhs) or column
+/// (rhs) it goes to, its step `kk`, and its value.
+type Term<T> = (u32, u32, T);
+
+/// The non-zeros of every batch entry of `x` read through `view` (an lhs when `lhs`, else
+/// an rhs walked as its transpose), each entry's in the order the sparse path adds them
+/// (each row's or column's terms in increasing `kk`), when at most 10 % of `x` is non-zero;
+/// else `None`. A dense operand (every expert GEMM is a candidate) is told apart by 4096
+/// samples in evenly spaced runs (over a fifth non-zero). One pass over `x`: the sparse
+/// path then reads the lists, not `x`. The answer only decides speed: every path gives the
+/// same values.
+fn sparse_terms<T: GemmFloat>(x: &[T], view: &View, lhs: bool) -> Option<Vec<Vec<Term<T>>>> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     if sampled_dense(x) {
         return None;
     }
-    let nonzero = AtomicUsize::new(0);
-    let too_many = x.par_chunks(1 << 14).any(|c| {
-        let n = count(c);
-        nonzero.fetch_add(n, Ordering::Relaxed) + n > limit
-    });
-    // Without an early exit every chunk was counted.
-    (!too_many).then(|| nonzero.into_inner())
+    let limit = x.len() / 10;
+    let (found, over) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let (rows, cols) = (
+        (&view.rows[..], view.rows_unit),
+        (&view.cols[..], view.cols_unit),
+    );
+    let (outer, inner) = if lhs { (rows, cols) } else { (cols, rows) };
+    let entry = |bb: usize| {
+        let mut terms: Vec<Term<T>> = Vec::new();
+        if over.load(Ordering::Relaxed) {
+            return terms;
+        }
+        with_avx2(
+            #[inline(always)]
+            || {
+                nonzeros(x, view.batch_off[bb], outer, inner, |i, kk, v| {
+                    terms.push((i as u32, kk as u32, v))
+                })
+            },
+        );
+        if found.fetch_add(terms.len(), Ordering::Relaxed) + terms.len() > limit {
+            over.store(true, Ordering::Relaxed);
+        }
+        terms
+    };
+    let b = view.batch_off.len();
+    let lists: Vec<Vec<Term<T>>> = if x.len() >= super::PAR_MIN && b >= 2 {
+        (0..b).into_par_iter().map(entry).collect()
+    } else {
+        (0..b).map(entry).collect()
+    };
+    (!over.into_inner()).then_some(lists)
 }
 
 /// Whether 64 evenly spaced runs of 64 elements (a few cache lines each) are over a fifth
@@ -911,67 +931,121 @@ fn nonzeros<T: GemmFloat>(
     }
 }
 
-/// Batch entry `bb` with a mostly-zero lhs: each non-zero `l[i, kk]` adds `l[i, kk] * r[kk, :]`
-/// to `out[i, :]`. Both operands are read in place (their views).
+/// `out[at + t] = 0 + term(xs[t])` over a contiguous run of the result: its first term,
+/// added to the zero a product's sum starts from (so a `-0` term gives `+0`, as there).
 #[inline(always)]
-fn sparse_lhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: usize) {
-    let n = p.n;
-    let (lv, rv) = (&p.lhs.view, &p.rhs.view);
-    let (lb, rb, ob) = (lv.batch_off[bb], rv.batch_off[bb], p.out.batch_off[bb]);
-    zero_out(p, out, ob);
-    let contiguous = rv.cols_unit && p.out.cs == 1 && p.out.col_off.is_none();
-    nonzeros(
-        l,
-        lb,
-        (&lv.rows, lv.rows_unit),
-        (&lv.cols, lv.cols_unit),
-        |i, kk, v| {
-            let o0 = ob + p.out.row(i);
-            let r0 = rb + rv.rows[kk];
-            if contiguous {
-                let c0 = r0 + rv.cols[0];
-                add_run(out, o0, &r[c0..c0 + n], |x| v * x);
-            } else {
-                for (j, &co) in rv.cols.iter().enumerate() {
-                    axpy_out(out, o0 + p.out.col(j), v * r[r0 + co]);
-                }
-            }
-        },
-    );
+fn set_run<T: GemmFloat>(out: OutPtr<T>, at: usize, xs: &[T], term: impl Fn(T) -> T) {
+    assert!(at + xs.len() <= out.len);
+    // SAFETY: as in `add_run`.
+    let run = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(at), xs.len()) };
+    for (o, &x) in run.iter_mut().zip(xs) {
+        *o = T::ZERO + term(x);
+    }
 }
 
-/// Batch entry `bb` with a mostly-zero rhs: each non-zero `r[kk, j]` adds
-/// `l[:, kk] * r[kk, j]` to `out[:, j]`. Both operands are read in place (their views).
+/// Add each term's contiguous run (`run(t)`: the result offset of term `t`'s row or column,
+/// and what is added there) into the result; a row or column's first term is written onto
+/// zero, and `len` runs of `n` elements at `start(q)` that got no term are zero-filled (so
+/// the result is written once, not zeroed first).
 #[inline(always)]
-fn sparse_rhs<T: GemmFloat>(p: &DotPlan, l: &[T], r: &[T], out: OutPtr<T>, bb: usize) {
+fn place_runs<T: GemmFloat>(
+    out: OutPtr<T>,
+    len: usize,
+    n: usize,
+    start: impl Fn(usize) -> usize,
+    terms: &[Term<T>],
+    mut run: impl FnMut(&Term<T>, &mut dyn FnMut(usize, &[T], T)),
+) {
+    let mut seen = vec![false; len];
+    for t in terms {
+        let q = t.0 as usize;
+        let first = !std::mem::replace(&mut seen[q], true);
+        run(t, &mut |at, xs, v| {
+            if first {
+                set_run(out, at, xs, |x| v * x)
+            } else {
+                add_run(out, at, xs, |x| v * x)
+            }
+        });
+    }
+    for (q, _) in seen.iter().enumerate().filter(|(_, &s)| !s) {
+        let at = start(q);
+        assert!(at + n <= out.len);
+        // SAFETY: bounded by the assert; a run of this task's batch entry.
+        unsafe { std::slice::from_raw_parts_mut(out.ptr.add(at), n) }.fill(T::ZERO);
+    }
+}
+
+/// Batch entry `bb` with a mostly-zero lhs given by its `terms` (see [`sparse_terms`]):
+/// each non-zero `l[i, kk]` adds `l[i, kk] * r[kk, :]` to `out[i, :]`, `r` read in place
+/// (its view).
+#[inline(always)]
+fn sparse_lhs<T: GemmFloat>(p: &DotPlan, terms: &[Term<T>], r: &[T], out: OutPtr<T>, bb: usize) {
     let (m, n) = (p.m, p.n);
-    let (lv, rv) = (&p.lhs.view, &p.rhs.view);
-    let (lb, rb, ob) = (lv.batch_off[bb], rv.batch_off[bb], p.out.batch_off[bb]);
+    let rv = &p.rhs.view;
+    let (rb, ob) = (rv.batch_off[bb], p.out.batch_off[bb]);
+    if rv.cols_unit && p.out.cs == 1 && p.out.col_off.is_none() {
+        // Rows of `r` and of the result both contiguous (the one-hot dispatch and
+        // combine): each term is one slice update.
+        let c0 = rb + rv.cols[0];
+        place_runs(
+            out,
+            m,
+            n,
+            |i| ob + p.out.row(i),
+            terms,
+            |&(i, kk, v), add| {
+                let r0 = c0 + rv.rows[kk as usize];
+                add(ob + p.out.row(i as usize), &r[r0..r0 + n], v)
+            },
+        );
+        return;
+    }
+    zero_out(p, out, ob);
+    for &(i, kk, v) in terms {
+        let o0 = ob + p.out.row(i as usize);
+        let r0 = rb + rv.rows[kk as usize];
+        for (j, &co) in rv.cols.iter().enumerate() {
+            axpy_out(out, o0 + p.out.col(j), v * r[r0 + co]);
+        }
+    }
+}
+
+/// Batch entry `bb` with a mostly-zero rhs given by its `terms` (each column's in
+/// increasing `kk`, see [`sparse_terms`]): each non-zero `r[kk, j]` adds
+/// `l[:, kk] * r[kk, j]` to `out[:, j]`, `l` read in place (its view).
+#[inline(always)]
+fn sparse_rhs<T: GemmFloat>(p: &DotPlan, terms: &[Term<T>], l: &[T], out: OutPtr<T>, bb: usize) {
+    let (m, n) = (p.m, p.n);
+    let lv = &p.lhs.view;
+    let (lb, ob) = (lv.batch_off[bb], p.out.batch_off[bb]);
+    if lv.rows_unit && p.out.rs == 1 && p.out.row_off.is_none() {
+        // A column of `l` and a column of the result both contiguous (the one-hot
+        // dispatch's gradient, the combine weights' gradient): each term is one slice
+        // update.
+        let r0 = lb + lv.rows[0];
+        place_runs(
+            out,
+            n,
+            m,
+            |j| ob + p.out.col(j),
+            terms,
+            |&(j, kk, v), add| {
+                let l0 = r0 + lv.cols[kk as usize];
+                add(ob + p.out.col(j as usize), &l[l0..l0 + m], v)
+            },
+        );
+        return;
+    }
     zero_out(p, out, ob);
     assert!(m == 0 || ob + p.out.last(m, n) < out.len);
-    // A column of `l` and a column of the result both contiguous (the one-hot dispatch's
-    // gradient, the combine weights' gradient): each term is one slice update.
-    let contiguous = lv.rows_unit && p.out.rs == 1 && p.out.row_off.is_none();
-    // `r` is walked as its transpose (`n x k`), so each column's terms come in increasing
-    // `kk` whichever direction is contiguous.
-    nonzeros(
-        r,
-        rb,
-        (&rv.cols, rv.cols_unit),
-        (&rv.rows, rv.rows_unit),
-        |j, kk, v| {
-            let l0 = lb + lv.cols[kk];
-            let oc = ob + p.out.col(j);
-            if contiguous {
-                let r0 = l0 + lv.rows[0];
-                add_run(out, oc, &l[r0..r0 + m], |x| x * v);
-            } else {
-                for (i, &ro) in lv.rows.iter().enumerate() {
-                    axpy_out(out, oc + p.out.row(i), l[l0 + ro] * v);
-                }
-            }
-        },
-    );
+    for &(j, kk, v) in terms {
+        let l0 = lb + lv.cols[kk as usize];
+        let oc = ob + p.out.col(j as usize);
+        for (i, &ro) in lv.rows.iter().enumerate() {
+            axpy_out(out, oc + p.out.row(i), l[l0 + ro] * v);
+        }
+    }
 }
 
 /// A per-batch-entry epilogue: `epi(bb, entry)` with entry `bb`'s finished `m x n` result.
@@ -1012,16 +1086,18 @@ fn dot_float<T: GemmFloat>(
     // both sides are mostly zeros (an expert buffer with few tokens against a one-hot mask),
     // walk the one with fewer terms in all (4.4 ms against 0.14 ms on a training step's
     // dispatch gradient when the emptier expert buffer was walked).
-    let ln = if sparse_worth(l.len()) {
-        sparse_count(l)
+    let lt = if sparse_worth(l.len()) {
+        sparse_terms(l, &p.lhs.view, true)
     } else {
         None
     };
-    let rn = if sparse_worth(r.len()) {
-        sparse_count(r)
+    let rt = if sparse_worth(r.len()) {
+        sparse_terms(r, &p.rhs.view, false)
     } else {
         None
     };
+    let count = |t: &Vec<Vec<Term<T>>>| t.iter().map(Vec::len).sum::<usize>();
+    let (ln, rn) = (lt.as_ref().map(count), rt.as_ref().map(count));
     let rhs_first = match (ln, rn) {
         (Some(a), Some(b)) => (b as f64) * (m as f64) < (a as f64) * (n as f64),
         (None, Some(_)) => true,
@@ -1044,14 +1120,14 @@ fn dot_float<T: GemmFloat>(
         .unwrap_or(DotPath::Dense);
     // The GEMM reads permuted copies where strides do not merge; the sparse paths read the
     // operands in place.
-    let done = if path == DotPath::Dense {
-        T::with_scratch(|lbuf, rbuf| {
+    let done = match path {
+        DotPath::SparseLhs => dense_or_sparse(p, path, l, r, out, epi, epi_in, tail, lt.as_deref()),
+        DotPath::SparseRhs => dense_or_sparse(p, path, l, r, out, epi, epi_in, tail, rt.as_deref()),
+        _ => T::with_scratch(|lbuf, rbuf| {
             let l = p.lhs.prepare(lhs_shape, l, lbuf);
             let r = p.rhs.prepare(rhs_shape, r, rbuf);
-            dense_or_sparse(p, path, l, r, out, epi, epi_in, tail)
-        })
-    } else {
-        dense_or_sparse(p, path, l, r, out, epi, epi_in, tail)
+            dense_or_sparse(p, path, l, r, out, epi, epi_in, tail, None)
+        }),
     };
     if !done {
         after(out);
@@ -1071,6 +1147,7 @@ fn dense_or_sparse<T: GemmFloat>(
     epi: Option<Epilogue<T>>,
     epi_in: &[usize],
     tail: &[(usize, usize); 2],
+    terms: Option<&[Vec<Term<T>>]>,
 ) -> bool {
     let b = p.b;
     let threads = rayon::current_num_threads().max(1);
@@ -1081,11 +1158,11 @@ fn dense_or_sparse<T: GemmFloat>(
     let one = |bb: usize, par: gemm::Parallelism, next: Option<usize>| match path {
         DotPath::SparseLhs => with_avx2(
             #[inline(always)]
-            || sparse_lhs(p, l, r, optr, bb),
+            || sparse_lhs(p, &terms.expect("the lhs's terms")[bb], r, optr, bb),
         ),
         DotPath::SparseRhs => with_avx2(
             #[inline(always)]
-            || sparse_rhs(p, l, r, optr, bb),
+            || sparse_rhs(p, &terms.expect("the rhs's terms")[bb], l, optr, bb),
         ),
         DotPath::Dense | DotPath::Int | DotPath::Empty => {
             let (lb, rb, ob) = (
