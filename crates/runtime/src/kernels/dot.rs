@@ -979,74 +979,59 @@ fn place_runs<T: GemmFloat>(
     }
 }
 
-/// Batch entry `bb` with a mostly-zero lhs given by its `terms` (see [`sparse_terms`]):
-/// each non-zero `l[i, kk]` adds `l[i, kk] * r[kk, :]` to `out[i, :]`, `r` read in place
-/// (its view).
+/// Batch entry `bb` of a product with a mostly-zero side given by its `terms` (see
+/// [`sparse_terms`]): each term `(q, kk, v)` adds `v` times line `kk` of the `dense`
+/// operand to line `q` of the result. For a sparse lhs (`lhs`) the lines are rows: `l[i, kk]`
+/// adds `l[i, kk] * r[kk, :]` to `out[i, :]`; for a sparse rhs, columns: `r[kk, j]` adds
+/// `l[:, kk] * r[kk, j]` to `out[:, j]`. The dense operand is read in place (its view).
 #[inline(always)]
-fn sparse_lhs<T: GemmFloat>(p: &DotPlan, terms: &[Term<T>], r: &[T], out: OutPtr<T>, bb: usize) {
+fn sparse_entry<T: GemmFloat>(
+    p: &DotPlan,
+    lhs: bool,
+    terms: &[Term<T>],
+    dense: &[T],
+    out: OutPtr<T>,
+    bb: usize,
+) {
     let (m, n) = (p.m, p.n);
-    let rv = &p.rhs.view;
-    let (rb, ob) = (rv.batch_off[bb], p.out.batch_off[bb]);
-    if rv.cols_unit && p.out.cs == 1 && p.out.col_off.is_none() {
-        // Rows of `r` and of the result both contiguous (the one-hot dispatch and
-        // combine): each term is one slice update.
-        let c0 = rb + rv.cols[0];
+    let dv = if lhs { &p.rhs.view } else { &p.lhs.view };
+    // The dense operand's lines (one per step) and the offsets along them; the result's.
+    let (lines, len) = if lhs { (m, n) } else { (n, m) };
+    let (steps, along, along_unit) = if lhs {
+        (&dv.rows, &dv.cols, dv.cols_unit)
+    } else {
+        (&dv.cols, &dv.rows, dv.rows_unit)
+    };
+    let line = |q: usize| if lhs { p.out.row(q) } else { p.out.col(q) };
+    let elem = |t: usize| if lhs { p.out.col(t) } else { p.out.row(t) };
+    let out_unit = if lhs {
+        p.out.cs == 1 && p.out.col_off.is_none()
+    } else {
+        p.out.rs == 1 && p.out.row_off.is_none()
+    };
+    let (db, ob) = (dv.batch_off[bb], p.out.batch_off[bb]);
+    if along_unit && out_unit {
+        // The dense operand's lines and the result's both contiguous (the one-hot
+        // dispatch and combine, their gradients): each term is one slice update.
+        let d0 = db + along[0];
         place_runs(
             out,
-            m,
-            n,
-            |i| ob + p.out.row(i),
+            lines,
+            len,
+            |q| ob + line(q),
             terms,
-            |&(i, kk, v), add| {
-                let r0 = c0 + rv.rows[kk as usize];
-                add(ob + p.out.row(i as usize), &r[r0..r0 + n], v)
+            |&(q, kk, v), add| {
+                let s0 = d0 + steps[kk as usize];
+                add(ob + line(q as usize), &dense[s0..s0 + len], v)
             },
         );
         return;
     }
     zero_out(p, out, ob);
-    for &(i, kk, v) in terms {
-        let o0 = ob + p.out.row(i as usize);
-        let r0 = rb + rv.rows[kk as usize];
-        for (j, &co) in rv.cols.iter().enumerate() {
-            axpy_out(out, o0 + p.out.col(j), v * r[r0 + co]);
-        }
-    }
-}
-
-/// Batch entry `bb` with a mostly-zero rhs given by its `terms` (each column's in
-/// increasing `kk`, see [`sparse_terms`]): each non-zero `r[kk, j]` adds
-/// `l[:, kk] * r[kk, j]` to `out[:, j]`, `l` read in place (its view).
-#[inline(always)]
-fn sparse_rhs<T: GemmFloat>(p: &DotPlan, terms: &[Term<T>], l: &[T], out: OutPtr<T>, bb: usize) {
-    let (m, n) = (p.m, p.n);
-    let lv = &p.lhs.view;
-    let (lb, ob) = (lv.batch_off[bb], p.out.batch_off[bb]);
-    if lv.rows_unit && p.out.rs == 1 && p.out.row_off.is_none() {
-        // A column of `l` and a column of the result both contiguous (the one-hot
-        // dispatch's gradient, the combine weights' gradient): each term is one slice
-        // update.
-        let r0 = lb + lv.rows[0];
-        place_runs(
-            out,
-            n,
-            m,
-            |j| ob + p.out.col(j),
-            terms,
-            |&(j, kk, v), add| {
-                let l0 = r0 + lv.cols[kk as usize];
-                add(ob + p.out.col(j as usize), &l[l0..l0 + m], v)
-            },
-        );
-        return;
-    }
-    zero_out(p, out, ob);
-    assert!(m == 0 || ob + p.out.last(m, n) < out.len);
-    for &(j, kk, v) in terms {
-        let l0 = lb + lv.cols[kk as usize];
-        let oc = ob + p.out.col(j as usize);
-        for (i, &ro) in lv.rows.iter().enumerate() {
-            axpy_out(out, oc + p.out.row(i), l[l0 + ro] * v);
+    for &(q, kk, v) in terms {
+        let (o0, s0) = (ob + line(q as usize), db + steps[kk as usize]);
+        for (t, &a) in along.iter().enumerate() {
+            axpy_out(out, o0 + elem(t), v * dense[s0 + a]);
         }
     }
 }
@@ -1161,11 +1146,11 @@ fn dense_or_sparse<T: GemmFloat>(
     let one = |bb: usize, par: gemm::Parallelism, next: Option<usize>| match path {
         DotPath::SparseLhs => with_avx2(
             #[inline(always)]
-            || sparse_lhs(p, &terms.expect("the lhs's terms")[bb], r, optr, bb),
+            || sparse_entry(p, true, &terms.expect("the lhs's terms")[bb], r, optr, bb),
         ),
         DotPath::SparseRhs => with_avx2(
             #[inline(always)]
-            || sparse_rhs(p, &terms.expect("the rhs's terms")[bb], l, optr, bb),
+            || sparse_entry(p, false, &terms.expect("the rhs's terms")[bb], l, optr, bb),
         ),
         DotPath::Dense | DotPath::Int | DotPath::Empty => {
             let (lb, rb, ob) = (
