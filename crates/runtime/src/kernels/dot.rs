@@ -841,16 +841,24 @@ fn axpy_out<T: GemmFloat>(out: OutPtr<T>, at: usize, v: T) {
     }
 }
 
-/// `out[at + t] += term(xs[t])` over a contiguous run of the result (a row or column of
-/// the calling task's batch entry).
+/// `out[at + t] += v * xs[t]` over a contiguous run of the result (a row or column of the
+/// calling task's batch entry); with `first`, the run's first term, added to the zero a
+/// product's sum starts from (`0 + v * x`: a `-0` term gives `+0`, as there) instead of
+/// to what the run holds.
 #[inline(always)]
-fn add_run<T: GemmFloat>(out: OutPtr<T>, at: usize, xs: &[T], term: impl Fn(T) -> T) {
+fn add_run<T: GemmFloat>(out: OutPtr<T>, at: usize, xs: &[T], v: T, first: bool) {
     assert!(at + xs.len() <= out.len);
     // SAFETY: bounded by the assert; the run belongs to this task's batch entry, which no
     // other task writes and nothing else borrows.
     let run = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(at), xs.len()) };
-    for (o, &x) in run.iter_mut().zip(xs) {
-        *o = *o + term(x);
+    if first {
+        for (o, &x) in run.iter_mut().zip(xs) {
+            *o = T::ZERO + v * x;
+        }
+    } else {
+        for (o, &x) in run.iter_mut().zip(xs) {
+            *o = *o + v * x;
+        }
     }
 }
 
@@ -934,48 +942,29 @@ fn nonzeros<T: GemmFloat>(
     }
 }
 
-/// `out[at + t] = 0 + term(xs[t])` over a contiguous run of the result: its first term,
-/// added to the zero a product's sum starts from (so a `-0` term gives `+0`, as there).
+/// Add the terms into `lines` contiguous runs of the result, `len` long, run `q` at
+/// `start(q)`: term `(q, kk, v)` adds `v * src(kk)` to run `q`. A run's first term is
+/// written onto zero and runs without terms are zero-filled, so the result is written once,
+/// not zeroed first.
 #[inline(always)]
-fn set_run<T: GemmFloat>(out: OutPtr<T>, at: usize, xs: &[T], term: impl Fn(T) -> T) {
-    assert!(at + xs.len() <= out.len);
-    // SAFETY: as in `add_run`.
-    let run = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(at), xs.len()) };
-    for (o, &x) in run.iter_mut().zip(xs) {
-        *o = T::ZERO + term(x);
-    }
-}
-
-/// Add each term's contiguous run (`run(t)`: the result offset of term `t`'s row or column,
-/// and what is added there) into the result; a row or column's first term is written onto
-/// zero, and `len` runs of `n` elements at `start(q)` that got no term are zero-filled (so
-/// the result is written once, not zeroed first).
-#[inline(always)]
-fn place_runs<T: GemmFloat>(
+fn place_runs<'a, T: GemmFloat>(
     out: OutPtr<T>,
-    len: usize,
-    n: usize,
+    (lines, len): (usize, usize),
     start: impl Fn(usize) -> usize,
+    src: impl Fn(usize) -> &'a [T],
     terms: &[Term<T>],
-    mut run: impl FnMut(&Term<T>, &mut dyn FnMut(usize, &[T], T)),
 ) {
-    let mut seen = vec![false; len];
-    for t in terms {
-        let q = t.0 as usize;
+    let mut seen = vec![false; lines];
+    for &(q, kk, v) in terms {
+        let q = q as usize;
         let first = !std::mem::replace(&mut seen[q], true);
-        run(t, &mut |at, xs, v| {
-            if first {
-                set_run(out, at, xs, |x| v * x)
-            } else {
-                add_run(out, at, xs, |x| v * x)
-            }
-        });
+        add_run(out, start(q), src(kk as usize), v, first);
     }
-    for (q, _) in seen.iter().enumerate().filter(|(_, &s)| !s) {
+    for q in (0..lines).filter(|&q| !seen[q]) {
         let at = start(q);
-        assert!(at + n <= out.len);
+        assert!(at + len <= out.len);
         // SAFETY: bounded by the assert; a run of this task's batch entry.
-        unsafe { std::slice::from_raw_parts_mut(out.ptr.add(at), n) }.fill(T::ZERO);
+        unsafe { std::slice::from_raw_parts_mut(out.ptr.add(at), len) }.fill(T::ZERO);
     }
 }
 
@@ -1014,17 +1003,8 @@ fn sparse_entry<T: GemmFloat>(
         // The dense operand's lines and the result's both contiguous (the one-hot
         // dispatch and combine, their gradients): each term is one slice update.
         let d0 = db + along[0];
-        place_runs(
-            out,
-            lines,
-            len,
-            |q| ob + line(q),
-            terms,
-            |&(q, kk, v), add| {
-                let s0 = d0 + steps[kk as usize];
-                add(ob + line(q as usize), &dense[s0..s0 + len], v)
-            },
-        );
+        let src = |kk: usize| &dense[d0 + steps[kk]..d0 + steps[kk] + len];
+        place_runs(out, (lines, len), |q| ob + line(q), src, terms);
         return;
     }
     zero_out(p, out, ob);

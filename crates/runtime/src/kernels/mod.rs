@@ -71,6 +71,31 @@ fn has_avx2() -> bool {
     std::is_x86_feature_detected!("avx2")
 }
 
+/// Whether this CPU has AVX-512F (the sixteen-lane kernels: the wide and row-sparse GEMM
+/// tiles, argmax rows); `false` off x86-64.
+#[inline]
+pub(crate) fn has_avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Lane mask of the first `n` of 16 lanes (the AVX-512 kernels' masked loads and stores).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn lanes(n: usize) -> std::arch::x86_64::__mmask16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        (1u16 << n) - 1
+    }
+}
+
 /// `match` over the five [`Data`] variants binding the vector as `$v`; `$body` must be
 /// generic in the element type.
 #[macro_export]

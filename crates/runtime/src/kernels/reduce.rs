@@ -252,22 +252,8 @@ fn fold_i32(x: &[i32], init: i32, f: impl Fn(i32, i32) -> i32 + Copy) -> i32 {
 /// expert: ~35 ns a row of 32 on the eight-lane fold and scan, a few on these).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use crate::kernels::lanes;
     use std::arch::x86_64::*;
-
-    /// Whether this CPU has AVX-512F.
-    pub(super) fn available() -> bool {
-        std::is_x86_feature_detected!("avx512f")
-    }
-
-    /// Lanes `0..n` of sixteen.
-    #[inline(always)]
-    fn lanes(n: usize) -> __mmask16 {
-        if n >= 16 {
-            0xffff
-        } else {
-            (1u16 << n) - 1
-        }
-    }
 
     /// The index of the first maximum of `x` (the first NaN when there is one; 0 for an
     /// empty row): the maximum over sixteen lanes (lanes past the end read as -inf), then
@@ -667,7 +653,7 @@ pub fn argmax(x: &Data, shape: &[usize], dim: usize, out: &mut Data) {
             // (the first NaN when the maximum is NaN; `==` finds -0 and +0 alike, as the
             // reference's `>` scan does).
             #[cfg(target_arch = "x86_64")]
-            if avx512::available() {
+            if crate::kernels::has_avx512f() {
                 for_rows(
                     v,
                     n,
@@ -740,7 +726,7 @@ mod tests {
             let want = first_max(r);
             assert_eq!(with_avx2(|| argmax_row(r)), want, "{r:?}");
             #[cfg(target_arch = "x86_64")]
-            if avx512::available() {
+            if crate::kernels::has_avx512f() {
                 // SAFETY: AVX-512F checked.
                 assert_eq!(unsafe { avx512::argmax_row(r) }, want, "{r:?}");
             }

@@ -169,17 +169,6 @@ pub fn set_wide(on: bool) {
     WIDE.store(on, Ordering::Relaxed);
 }
 
-/// Lane mask of the first `n` of 16 lanes (the AVX-512 kernels' masked loads and stores).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn lanes(n: usize) -> std::arch::x86_64::__mmask16 {
-    if n >= 16 {
-        0xffff
-    } else {
-        (1u16 << n) - 1
-    }
-}
-
 /// Whether dense tiles are `6 x 48` on AVX-512 registers (else `6 x 16` on AVX2 ones).
 fn wide_tiles() -> bool {
     WIDE.load(Ordering::Relaxed) && wide::available()

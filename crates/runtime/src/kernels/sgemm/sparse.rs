@@ -47,14 +47,7 @@ thread_local! {
 
 /// Whether this CPU runs the kernel (AVX-512F).
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::kernels::has_avx512f()
 }
 
 /// Whether up to eight evenly spaced rows of `rows` (row `i`'s `k` contiguous floats at
@@ -168,8 +161,8 @@ pub unsafe fn block(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::super::lanes;
     use super::{GROUP, SLICE};
+    use crate::kernels::lanes;
     use std::arch::x86_64::*;
 
     /// The non-zeros of the `kc` floats at `a` as packed-row offsets `kk * GROUP` and values,

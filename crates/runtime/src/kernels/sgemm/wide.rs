@@ -15,7 +15,9 @@
 //! the two kernels give the same bits.
 
 #[cfg(target_arch = "x86_64")]
-use super::{lanes, MR, NR};
+use super::{MR, NR};
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::lanes;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -24,14 +26,7 @@ pub(super) const PANELS: usize = 3;
 
 /// Whether this CPU runs the kernel (AVX-512F).
 pub(super) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::kernels::has_avx512f()
 }
 
 /// The accumulators of an `R x 16P` tile.
