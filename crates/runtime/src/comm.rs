@@ -13,7 +13,9 @@
 //! propagate NaN; gathers and all-to-alls are strided block copies, one task per receiving
 //! device on the rayon pool (an all-to-all asked for its results transposed, through
 //! [`Communicator::collective_transposed`], places its blocks in that layout: no second
-//! pass). [`wire_bytes`] is the byte count each device sends.
+//! pass). Because it shares memory ([`Communicator::shared_memory`]), the executor may
+//! instead have each sender place its own all-to-all blocks ([`place_all_to_all`]) at the
+//! end of its device task. [`wire_bytes`] is the byte count each device sends.
 
 use crate::kernels::layout::copy_strided;
 use crate::kernels::reduce::{fmax, fmin};
@@ -71,6 +73,13 @@ pub trait Communicator: Send + Sync {
             self.collective(index, op, mesh, local)?,
             perm,
         ))
+    }
+
+    /// Whether every mesh position's buffers live in this process, so that an all-to-all's
+    /// senders may place their blocks into the receivers' results themselves, inside their
+    /// device tasks ([`place_all_to_all`]), instead of in a pass between segments.
+    fn shared_memory(&self) -> bool {
+        false
     }
 
     /// This process's index among the processes that run the mesh (0 when there is one).
@@ -424,9 +433,216 @@ pub fn move_block(
     with_data2!(x, out, a, b => copy_strided(a, soff, &ist, b, doff, &ost, &block));
 }
 
+/// Where the blocks of an all-to-all over groups of `k` go: the operand's block `r` along
+/// `split` (`block` its shape, `ist` the operand's strides) lands in the result of member
+/// `r`, at the sender's index along `concat`, stored with strides `ost` (row-major, or
+/// row-major in the transposed layout `perm` asks for: `stored` is the stored shape).
+struct A2aLayout {
+    block: Vec<usize>,
+    ist: Vec<usize>,
+    ost: Vec<usize>,
+    stored: Vec<usize>,
+    split: usize,
+    concat: usize,
+}
+
+impl A2aLayout {
+    fn new(
+        shape: &[usize],
+        split: usize,
+        concat: usize,
+        k: usize,
+        perm: Option<&[usize]>,
+    ) -> A2aLayout {
+        let m = shape[split] / k;
+        let mut os = shape.to_vec();
+        os[split] = m;
+        os[concat] *= k;
+        let mut block = shape.to_vec();
+        block[split] = m;
+        let (ost, stored) = match perm {
+            Some(perm) => {
+                let ps: Vec<usize> = perm.iter().map(|&d| os[d]).collect();
+                let pst = strides(&ps);
+                let mut ost = vec![0; os.len()];
+                for (i, &d) in perm.iter().enumerate() {
+                    ost[d] = pst[i];
+                }
+                (ost, ps)
+            }
+            None => (strides(&os), os),
+        };
+        A2aLayout {
+            block,
+            ist: strides(shape),
+            ost,
+            stored,
+            split,
+            concat,
+        }
+    }
+
+    /// Offsets of block `r` in the operand and of sender `j`'s block in a result.
+    fn offsets(&self, r: usize, j: usize) -> (usize, usize) {
+        (
+            r * self.block[self.split] * self.ist[self.split],
+            j * self.block[self.concat] * self.ost[self.concat],
+        )
+    }
+}
+
+/// Element pointers to the results of an all-to-all, indexed by mesh position, that the
+/// senders fill in place ([`place_all_to_all`]): each sender writes its own blocks, which
+/// no other sender writes, so the device tasks may place theirs concurrently.
+pub struct Sinks {
+    ptrs: Vec<usize>,
+    lens: Vec<usize>,
+}
+
+impl Sinks {
+    /// Sinks for `bufs[i]`, the result buffer of mesh position `positions[i]`, on a mesh
+    /// of `n` positions. The buffers must stay in place (not moved out of their `Vec`s,
+    /// not read) until every sender has placed its blocks.
+    pub fn new(n: usize, positions: &[usize], bufs: &mut [Data]) -> Sinks {
+        let (mut ptrs, mut lens) = (vec![0; n], vec![0; n]);
+        for (&p, b) in positions.iter().zip(bufs) {
+            lens[p] = b.len();
+            ptrs[p] = match b {
+                Data::F32(v) => v.as_mut_ptr() as usize,
+                Data::F64(v) => v.as_mut_ptr() as usize,
+                Data::BF16(v) => v.as_mut_ptr() as usize,
+                Data::I32(v) => v.as_mut_ptr() as usize,
+                Data::Bool(v) => v.as_mut_ptr() as usize,
+            };
+        }
+        Sinks { ptrs, lens }
+    }
+}
+
+/// Place sender `pos`'s blocks of all-to-all `op` (operand `x` of shape `shape`) into every
+/// receiver's result in `sinks` (stored transposed by `perm` when given): what
+/// [`InProcess`] does for all senders at once, done by each sender as soon as its operand
+/// exists. Errors name a mismatch (an operand of another dtype than the results, a
+/// receiver without a buffer).
+///
+/// # Safety
+/// Every non-empty sink addresses a live buffer of the result's dtype and element count
+/// that nothing reads or writes meanwhile except other senders placing their own blocks.
+pub unsafe fn place_all_to_all(
+    op: &Op,
+    mesh: &Mesh,
+    shape: &[usize],
+    perm: Option<&[usize]>,
+    pos: usize,
+    x: &Data,
+    sinks: &Sinks,
+) -> Result<(), String> {
+    let Op::AllToAll {
+        split_dim,
+        concat_dim,
+        axes,
+    } = op
+    else {
+        return Err(format!("{} is not an all-to-all", op.name()));
+    };
+    let group = mesh
+        .groups(axes)
+        .into_iter()
+        .find(|g| g.contains(&pos))
+        .ok_or_else(|| format!("device {pos} is in no replica group"))?;
+    let j = group.iter().position(|&d| d == pos).expect("found above");
+    let l = A2aLayout::new(shape, *split_dim, *concat_dim, group.len(), perm);
+    let total = l.block.iter().product::<usize>() * group.len();
+    for (r, &dst) in group.iter().enumerate() {
+        if sinks.ptrs.get(dst).is_none_or(|&p| p == 0) || sinks.lens[dst] != total {
+            return Err(format!(
+                "no result buffer of {total} elements for device {dst}"
+            ));
+        }
+        let (soff, doff) = l.offsets(r, j);
+        let at = sinks.ptrs[dst];
+        // SAFETY: the sink holds `total` elements of `x`'s dtype (checked: the element
+        // count; the dtype by the caller's contract); sender `j`'s block is written by this
+        // call alone.
+        unsafe {
+            match x {
+                Data::F32(v) => {
+                    copy_blocks(v, soff, &l.ist, at as *mut f32, doff, &l.ost, &l.block)
+                }
+                Data::F64(v) => {
+                    copy_blocks(v, soff, &l.ist, at as *mut f64, doff, &l.ost, &l.block)
+                }
+                Data::BF16(v) => copy_blocks(
+                    v,
+                    soff,
+                    &l.ist,
+                    at as *mut half::bf16,
+                    doff,
+                    &l.ost,
+                    &l.block,
+                ),
+                Data::I32(v) => {
+                    copy_blocks(v, soff, &l.ist, at as *mut i32, doff, &l.ost, &l.block)
+                }
+                Data::Bool(v) => {
+                    copy_blocks(v, soff, &l.ist, at as *mut bool, doff, &l.ost, &l.block)
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copy the `shape` block of `src` at `soff` (strides `sst`) to `dst + doff` (strides
+/// `dstst`), dims contiguous in both merged first, one contiguous run at a time where
+/// both innermost strides are one (an expert block's rows: runs of kilobytes).
+///
+/// # Safety
+/// Every destination element of the block is writable and written by no one else meanwhile.
+unsafe fn copy_blocks<T: Copy>(
+    src: &[T],
+    soff: usize,
+    sst: &[usize],
+    dst: *mut T,
+    doff: usize,
+    dstst: &[usize],
+    shape: &[usize],
+) {
+    if shape.contains(&0) {
+        return;
+    }
+    let (shape, [sst, dstst]) = crate::kernels::layout::collapse(shape, [sst, dstst]);
+    let (shape, sst, dstst) = (&shape[..], &sst[..], &dstst[..]);
+    let r = shape.len();
+    if r == 0 {
+        // SAFETY: the caller's contract.
+        unsafe { *dst.add(doff) = src[soff] };
+        return;
+    }
+    let (n, ls, ld) = (shape[r - 1], sst[r - 1], dstst[r - 1]);
+    crate::kernels::odometer(&shape[..r - 1], |i| {
+        let so = soff + i.iter().zip(sst).map(|(a, b)| a * b).sum::<usize>();
+        let d = doff + i.iter().zip(dstst).map(|(a, b)| a * b).sum::<usize>();
+        if ls == 1 && ld == 1 {
+            let run = &src[so..so + n];
+            // SAFETY: the caller's contract; `run` is a different buffer.
+            unsafe { std::ptr::copy_nonoverlapping(run.as_ptr(), dst.add(d), n) };
+        } else {
+            for t in 0..n {
+                // SAFETY: the caller's contract.
+                unsafe { *dst.add(d + t * ld) = src[so + t * ls] };
+            }
+        }
+    });
+}
+
 impl Communicator for InProcess {
     fn local_positions(&self) -> Vec<usize> {
         (0..self.n).collect()
+    }
+
+    fn shared_memory(&self) -> bool {
+        true
     }
 
     fn collective(
@@ -574,38 +790,15 @@ impl InProcess {
                     concat_dim,
                     ..
                 } => {
-                    let m = shape[*split_dim] / k;
-                    let mut os = shape.clone();
-                    os[*split_dim] = m;
-                    os[*concat_dim] *= k;
+                    let l = A2aLayout::new(shape, *split_dim, *concat_dim, k, a2a_perm);
                     // Every element is written: block `j` lands at `j` along `concat_dim`.
-                    let mut out = self.overwritten(ty.dtype, os.iter().product());
-                    let mut block = shape.clone();
-                    block[*split_dim] = m;
-                    let c = block[*concat_dim];
-                    // Strides of the result's dims where it is stored: row-major, or
-                    // row-major in the transposed layout `a2a_perm` asks for.
-                    let (ost, stored) = match a2a_perm {
-                        Some(perm) => {
-                            let ps: Vec<usize> = perm.iter().map(|&d| os[d]).collect();
-                            let pst = strides(&ps);
-                            let mut ost = vec![0; os.len()];
-                            for (i, &d) in perm.iter().enumerate() {
-                                ost[d] = pst[i];
-                            }
-                            (ost, ps)
-                        }
-                        None => (strides(&os), os),
-                    };
-                    let ist = strides(shape);
+                    let mut out = self.overwritten(ty.dtype, l.block.iter().product::<usize>() * k);
                     for (j, x) in xs.iter().enumerate() {
-                        // Block r of source j, placed at j along concat_dim.
-                        let soff = r * m * ist[*split_dim];
-                        let doff = j * c * ost[*concat_dim];
-                        with_data2!(*x, &mut out, a, b => copy_strided(a, soff, &ist, b, doff, &ost, &block));
+                        let (soff, doff) = l.offsets(r, j);
+                        with_data2!(*x, &mut out, a, b => copy_strided(a, soff, &l.ist, b, doff, &l.ost, &l.block));
                     }
                     HostTensor {
-                        ty: ty.with_shape(stored),
+                        ty: ty.with_shape(l.stored),
                         data: out,
                     }
                 }

@@ -35,7 +35,12 @@
 //! their work on the same pool: gemm with `Parallelism::Rayon(0)`, batched GEMMs, chunked
 //! elementwise, so busy threads never exceed the pool's). Tasks never block. Between
 //! segments, each collective runs over all device buffers through the [`Communicator`].
-//! Deterministic, deadlock-free (DEPENDENCIES.md section 2).
+//! Where the communicator shares memory (in-process devices), an all-to-all whose operand
+//! exists when the segment before its round ends is instead placed by its senders: the
+//! results are allocated before that segment and each device task, as it ends, copies its
+//! blocks into every receiver's result (`Dev::send`), so the copies run while other tasks
+//! still compute instead of in a pass after the barrier. Deterministic, deadlock-free
+//! (DEPENDENCIES.md section 2).
 //!
 //! **Memory**: freed buffers go to a per-device pool (exact dtype and length), kept across
 //! runs of the same [`Executable`] and capped at the run's peak of live bytes; a fused group
@@ -43,7 +48,7 @@
 //! [`RunResult::peak_bytes_per_device`] is the peak of live buffer bytes (parameters
 //! included, aliases counted once); `peak_resident_bytes_per_device` adds the pool.
 
-use crate::comm::{wire_bytes, CommError, Communicator};
+use crate::comm::{place_all_to_all, wire_bytes, CommError, Communicator, Sinks};
 use crate::kernels::dot::{
     dot, dot_ahead, dot_masked, dot_masked_sums, dot_then, masked_row_sums, DotPath, DotPlan,
     NO_TAIL,
@@ -219,6 +224,10 @@ pub struct Executable {
     /// `then[si]`: the dot step right after dot step `si` (see [`Dev::tail`]).
     then: Vec<Option<usize>>,
     segments: Vec<Segment>,
+    /// `sends[k]`: for local segment `k`, the all-to-all steps of the round after it whose
+    /// senders place their blocks at the end of this segment's device tasks, where the
+    /// communicator shares memory ([`Communicator::shared_memory`]).
+    sends: Vec<Vec<usize>>,
     /// `class[v]`: the value whose buffer `v` shares (itself unless an alias).
     class: Vec<usize>,
     /// Values sharing each class root's buffer.
@@ -1136,6 +1145,38 @@ impl Executable {
         if start < steps.len() {
             segments.push(Segment::Local(start..steps.len()));
         }
+        // All-to-alls whose (large) operand exists when the local segment before their round
+        // ends: with devices sharing memory, each sender places its blocks in the
+        // receivers' results as its task ends, while the other tasks still run, instead of
+        // all devices waiting for a copy pass after the barrier.
+        let made_at: HashMap<usize, usize> = steps
+            .iter()
+            .enumerate()
+            .flat_map(|(si, s)| std::iter::once((s.instr, si)).chain(s.also.map(|v| (v, si))))
+            .collect();
+        let sends: Vec<Vec<usize>> = segments
+            .iter()
+            .enumerate()
+            .map(|(k, seg)| {
+                let Segment::Local(range) = seg else {
+                    return Vec::new();
+                };
+                segments[k + 1..]
+                    .iter()
+                    .map_while(|s| match s {
+                        Segment::Collective(si) => Some(*si),
+                        Segment::Local(_) => None,
+                    })
+                    .filter(|&si| {
+                        let s = &steps[si];
+                        let v = s.reads[0];
+                        matches!(p.instrs[s.instr].op, Op::AllToAll { .. })
+                            && p.instrs[v].ty.num_elements() >= SMALL_COLLECTIVE
+                            && made_at.get(&v).is_some_and(|&at| at < range.end)
+                    })
+                    .collect()
+            })
+            .collect();
         // A dot followed by a dot (the same segment: only collectives end one): the first
         // one's last GEMM fetches the second one's first-entry operands.
         let is_dot = |s: &Step| matches!(s.kind, Kind::Dot(_) | Kind::DotFused { .. });
@@ -1150,6 +1191,7 @@ impl Executable {
             steps,
             then,
             segments,
+            sends,
             class,
             members,
             last_read,
@@ -1254,15 +1296,32 @@ impl Executable {
         // sleeping workers (two dozen such hand-offs per MoE layer cost ~3 % of the small
         // layer's 23 ms step on 8 devices, 2 cores). No worker blocks on another: a
         // collective runs between segments, on this one task.
+        let shared = comm.shared_memory() && !self.reference_kernels;
+        // Results of all-to-alls placed by their senders, until their round.
+        let mut placed: HashMap<usize, Vec<Data>> = HashMap::new();
         let result: Result<(), ExecError> = rayon::scope(|_| {
-            for seg in &self.segments {
+            for (k, seg) in self.segments.iter().enumerate() {
                 match seg {
                     Segment::Local(range) => {
+                        let sends = if shared { &self.sends[k][..] } else { &[] };
+                        let mut sinks = Vec::with_capacity(sends.len());
+                        for &si in sends {
+                            let ty = &self.program.instrs[self.steps[si].instr].ty;
+                            let mut bufs: Vec<Data> =
+                                devs.iter_mut().map(|d| d.alloc(ty)).collect();
+                            let n = self.program.mesh.as_ref().map_or(0, |m| m.num_devices());
+                            let ptrs = Sinks::new(n, &positions, &mut bufs);
+                            placed.insert(si, bufs);
+                            sinks.push((si, ptrs));
+                        }
                         let errs: Vec<Result<(), ExecError>> = devs
                             .par_iter_mut()
                             .map(|d| {
                                 for si in range.clone() {
                                     d.step(self, si)?;
+                                }
+                                for (si, ptrs) in &sinks {
+                                    d.send(self, *si, ptrs)?;
                                 }
                                 Ok(())
                             })
@@ -1271,9 +1330,10 @@ impl Executable {
                             return e;
                         }
                     }
-                    Segment::Collective(si) => {
-                        self.collective(&mut devs, *si, comm, profiler, &mut stats)?;
-                    }
+                    Segment::Collective(si) => match placed.remove(si) {
+                        Some(bufs) => self.placed(&mut devs, *si, bufs, profiler, &mut stats),
+                        None => self.collective(&mut devs, *si, comm, profiler, &mut stats)?,
+                    },
                 }
             }
             Ok(())
@@ -1331,6 +1391,61 @@ impl Executable {
             for (_, t) in m {
                 pool.give(t.data, cap);
             }
+        }
+    }
+
+    /// Finish all-to-all step `si` whose senders placed their blocks in `bufs` (one per
+    /// device, in `devs` order; see [`Dev::send`]): the results become the step's values.
+    fn placed(
+        &self,
+        devs: &mut [Dev],
+        si: usize,
+        bufs: Vec<Data>,
+        profiler: Option<&Profiler>,
+        stats: &mut Vec<CollectiveStat>,
+    ) {
+        let s = &self.steps[si];
+        let ins = &self.program.instrs[s.instr];
+        let operand_ty = &self.program.instrs[s.reads[0]].ty;
+        let k = self
+            .program
+            .mesh
+            .as_ref()
+            .map_or(1, |m| m.size_of(ins.op.collective_axes().unwrap_or(&[])));
+        let sent = wire_bytes(&ins.op, operand_ty, k);
+        self.count(stats, ins, sent * devs.len());
+        let t = profiler.map(|p| p.now_us());
+        for (d, data) in devs.iter_mut().zip(bufs) {
+            // Live since the segment before (allocated there).
+            d.vals[s.instr] = Some(Buf::Own(Arc::new(data)));
+            if let Some(t) = t {
+                d.events.push(TraceEvent {
+                    device: d.pos,
+                    name: s.label.clone(),
+                    cat: "collective",
+                    ts_us: t,
+                    dur_us: 0.0,
+                    flops: 0.0,
+                    bytes: sent,
+                    detail: format!("{operand_ty} over {k} devices, placed by the senders"),
+                });
+            }
+            d.release(self, si);
+        }
+    }
+
+    /// Add `bytes` sent by one run of collective `ins` to `stats`.
+    fn count(&self, stats: &mut Vec<CollectiveStat>, ins: &Instr, bytes: usize) {
+        match stats.iter_mut().find(|c| c.kind == ins.op.name()) {
+            Some(c) => {
+                c.count += 1;
+                c.bytes += bytes;
+            }
+            None => stats.push(CollectiveStat {
+                kind: ins.op.name(),
+                count: 1,
+                bytes,
+            }),
         }
     }
 
@@ -1412,17 +1527,7 @@ impl Executable {
             }
         };
         let sent = wire_bytes(&ins.op, &operand_ty, k);
-        match stats.iter_mut().find(|c| c.kind == ins.op.name()) {
-            Some(c) => {
-                c.count += 1;
-                c.bytes += sent * devs.len();
-            }
-            None => stats.push(CollectiveStat {
-                kind: ins.op.name(),
-                count: 1,
-                bytes: sent * devs.len(),
-            }),
-        }
+        self.count(stats, ins, sent * devs.len());
         let t1 = profiler.map(|p| p.now_us());
         for ((d, t), moved) in devs.iter_mut().zip(out).zip(moved) {
             d.add_live(bytes(&t.data));
@@ -1540,6 +1645,51 @@ impl Dev<'_> {
             _ => &[],
         };
         plan.first_entry_spans(f32s(s.reads[0]), f32s(s.reads[1]))
+    }
+
+    /// Place this device's blocks of all-to-all step `si` (its operand exists) into every
+    /// receiver's result (`sinks`), as the senders' half of [`Executable::placed`].
+    fn send(&mut self, exe: &Executable, si: usize, sinks: &Sinks) -> Result<(), ExecError> {
+        let s = &exe.steps[si];
+        let ins = &exe.program.instrs[s.instr];
+        let v = s.reads[0];
+        let perm = match &s.kind {
+            Kind::Collective { out_perm } => out_perm.as_deref(),
+            _ => None,
+        };
+        let mesh = exe
+            .program
+            .mesh
+            .as_ref()
+            .ok_or_else(|| RuntimeError::NoMesh {
+                index: s.instr,
+                op: ins.op.name().into(),
+            })?;
+        let t0 = self.profiler.map(|p| p.now_us());
+        let shape = &exe.program.instrs[v].ty.shape;
+        // SAFETY: `sinks` address the buffers `run_shared` allocated for this step's results
+        // (its dtype and size), which nothing else touches until every task has ended.
+        unsafe { place_all_to_all(&ins.op, mesh, shape, perm, self.pos, self.data(v), sinks) }
+            .map_err(|msg| CommError::Failed {
+                index: s.instr,
+                op: ins.op.name().into(),
+                msg,
+            })?;
+        if let (Some(p), Some(t0)) = (self.profiler, t0) {
+            let k = mesh.size_of(ins.op.collective_axes().unwrap_or(&[]));
+            let ty = &exe.program.instrs[v].ty;
+            self.events.push(TraceEvent {
+                device: self.pos,
+                name: format!("{} (send)", s.label),
+                cat: "send",
+                ts_us: t0,
+                dur_us: p.now_us() - t0,
+                flops: 0.0,
+                bytes: wire_bytes(&ins.op, ty, k),
+                detail: format!("{ty}: this device's blocks placed in the {k} receivers' results"),
+            });
+        }
+        Ok(())
     }
 
     /// Run dot `plan` on values `l` and `r` into `out`: its flops and profile detail.

@@ -17,7 +17,8 @@ pub struct TraceEvent {
     pub device: usize,
     /// E.g. `dot_general %139` or `fused(max) %141`.
     pub name: String,
-    /// `kernel`, `fused`, `dot`, `collective`, `param`.
+    /// `kernel`, `fused`, `dot`, `collective`, `send` (a sender placing its all-to-all
+    /// blocks in the receivers' results, see `Communicator::shared_memory`), `param`.
     pub cat: &'static str,
     /// Start, microseconds since the profiler was created.
     pub ts_us: f64,

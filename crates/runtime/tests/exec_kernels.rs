@@ -946,14 +946,26 @@ fn collectives_match_the_reference_exactly() {
             let exe = Executable::new(&p).unwrap();
             let comm = InProcess::new(mesh.num_devices());
             let plain = OnlyCollective(InProcess::new(mesh.num_devices()));
-            // Twice on one backend: the second run's results land in kept buffers; then on
-            // a backend with only `collective` (the trait's transposing default), profiled.
+            // Twice on one backend (the second run's results land in kept buffers), then on
+            // a backend with only `collective` (the trait's transposing default, no shared
+            // memory: the all-to-alls run between segments), profiled.
             for run in 0..3 {
                 let ins = x_per_device(&mut rng, &ty, mesh.num_devices());
                 let want = runtime::run_spmd(&p, &ins).unwrap();
                 let prof = Profiler::new();
-                let r = if run < 2 {
+                let r = if run == 0 {
                     exe.run(&comm, &ins, None).unwrap()
+                } else if run == 1 {
+                    // Sharing memory, each sender places its all-to-all blocks in the
+                    // receivers' results from its own task: one send per all-to-all.
+                    let r = exe.run(&comm, &ins, Some(&prof)).unwrap();
+                    let sends = prof
+                        .events()
+                        .into_iter()
+                        .filter(|e| e.device == 0 && e.cat == "send")
+                        .count();
+                    assert_eq!(sends, 5, "{spec} {dt}: all-to-alls placed by their senders");
+                    r
                 } else {
                     let r = exe.run(&plain, &ins, Some(&prof)).unwrap();
                     let folded = prof

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 const TILE: usize = 32;
 
 /// Drop size-1 dims and merge adjacent dims that are contiguous in every stride set.
-fn collapse(shape: &[usize], sts: [&[usize]; 2]) -> (Vec<usize>, [Vec<usize>; 2]) {
+pub(crate) fn collapse(shape: &[usize], sts: [&[usize]; 2]) -> (Vec<usize>, [Vec<usize>; 2]) {
     let mut sh: Vec<usize> = Vec::new();
     let mut out: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
     for d in 0..shape.len() {
