@@ -919,7 +919,9 @@ unsafe fn pack_b<const W: usize>(
         {
             // One pass per row: each whole chunk moved as two vectors, its finiteness
             // folded in from the same registers (`x * 0` is NaN exactly for a non-finite
-            // `x`, and a NaN survives the sum); the remainder as below.
+            // `x`, `±0` otherwise, and a NaN's bits survive an `or` with others: a
+            // one-cycle chain, where an add chain made the check cost as much as the
+            // copy); the remainder as below.
             use std::arch::x86_64::*;
             let whole = nc / NR * NR;
             // SAFETY: AVX2 (this function's target); reads stay inside row `k`'s `nc`
@@ -936,8 +938,8 @@ unsafe fn pack_b<const W: usize>(
                         _mm256_storeu_ps(d, v0);
                         _mm256_storeu_ps(d.add(8), v1);
                         if check {
-                            nan = _mm256_add_ps(nan, _mm256_mul_ps(v0, zero));
-                            nan = _mm256_add_ps(nan, _mm256_mul_ps(v1, zero));
+                            nan = _mm256_or_ps(nan, _mm256_mul_ps(v0, zero));
+                            nan = _mm256_or_ps(nan, _mm256_mul_ps(v1, zero));
                         }
                     }
                     if whole < nc {
@@ -1249,7 +1251,8 @@ mod avx2 {
         ld: usize,
         check: bool,
     ) -> bool {
-        // `x * 0` is NaN exactly for a non-finite `x`, and a NaN survives the sum.
+        // `x * 0` is NaN exactly for a non-finite `x`, `±0` otherwise, and a NaN's bits
+        // survive an `or` with others.
         let mut nan = _mm256_setzero_ps();
         let zero = _mm256_setzero_ps();
         let mut kk = 0;
@@ -1262,7 +1265,7 @@ mod avx2 {
                         std::array::from_fn(|j| _mm256_loadu_ps(col[half * 8 + j].add(kk)));
                     if check {
                         for &r in &rows {
-                            nan = _mm256_add_ps(nan, _mm256_mul_ps(r, zero));
+                            nan = _mm256_or_ps(nan, _mm256_mul_ps(r, zero));
                         }
                     }
                     for (t, v) in transpose8(rows).into_iter().enumerate() {
