@@ -351,12 +351,15 @@ unsafe fn sgemm_impl(
                 live.push(i);
             }
         }
-        // Whether every element of A's live rows is finite (computed at most once, and only
-        // when a zero row of B would otherwise be left out against a row-major A).
-        let mut a_all_finite: Option<bool> = None;
         // Steps `k` that take part: a zero row of B is left out when the column of A it
         // meets is finite (over the live rows; dead rows are zeros), and a column of A that
-        // is zero over the live rows when the row of B it meets is finite.
+        // is zero over the live rows when the row of B it meets is finite. Both tests are
+        // exact per step, so the rule is the same for `A B` and for `B^T A^T`: the steps,
+        // and with them the `KC` blocks whose sums are added, are the same whichever way a
+        // product is computed (the row-sparse path computes a transposed result as `A B`,
+        // the dense one as `B^T A^T`; a coarser "all of A finite" test for a row-major A
+        // once kept a step on one side that the other left out, moving the block
+        // boundaries and the rounding).
         let mut ks = Vec::with_capacity(k);
         for p in 0..k {
             let brow = b.ptr.add(p * b.rs);
@@ -364,18 +367,7 @@ unsafe fn sgemm_impl(
             let b_zero = || b.cs == 1 && all_zero(brow, n);
             let b_finite = || (0..n).all(|j| (*brow.add(j * b.cs)).is_finite());
             let a_zero = || a.rs == 1 && live.iter().all(|&i| *acol.add(i) == 0.0);
-            let mut a_finite = || {
-                if a.rs == 1 || a.cs != 1 {
-                    live.iter().all(|&i| (*acol.add(i * a.rs)).is_finite())
-                } else {
-                    *a_all_finite.get_or_insert_with(|| {
-                        live.iter().all(|&i| {
-                            let row = std::slice::from_raw_parts(a.ptr.add(i * a.rs), k);
-                            row.iter().fold(true, |f, &x| f & (x * 0.0 == 0.0))
-                        })
-                    })
-                }
-            };
+            let a_finite = || live.iter().all(|&i| (*acol.add(i * a.rs)).is_finite());
             let skip = !tiny && ((b_zero() && a_finite()) || (a_zero() && b_finite()));
             if !skip {
                 ks.push(p);
