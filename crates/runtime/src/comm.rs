@@ -497,6 +497,8 @@ impl A2aLayout {
 pub struct Sinks {
     ptrs: Vec<usize>,
     lens: Vec<usize>,
+    /// The results' dtype (`None` with no buffers).
+    dtype: Option<ir::DType>,
 }
 
 impl Sinks {
@@ -505,6 +507,7 @@ impl Sinks {
     /// not read) until every sender has placed its blocks.
     pub fn new(n: usize, positions: &[usize], bufs: &mut [Data]) -> Sinks {
         let (mut ptrs, mut lens) = (vec![0; n], vec![0; n]);
+        let dtype = bufs.first().map(Data::dtype);
         for (&p, b) in positions.iter().zip(bufs) {
             lens[p] = b.len();
             ptrs[p] = match b {
@@ -515,7 +518,7 @@ impl Sinks {
                 Data::Bool(v) => v.as_mut_ptr() as usize,
             };
         }
-        Sinks { ptrs, lens }
+        Sinks { ptrs, lens, dtype }
     }
 }
 
@@ -523,11 +526,11 @@ impl Sinks {
 /// receiver's result in `sinks` (stored transposed by `perm` when given): what
 /// [`InProcess`] does for all senders at once, done by each sender as soon as its operand
 /// exists. Errors name a mismatch (an operand of another dtype than the results, a
-/// receiver without a buffer).
+/// receiver without a buffer of the result's size).
 ///
 /// # Safety
-/// Every non-empty sink addresses a live buffer of the result's dtype and element count
-/// that nothing reads or writes meanwhile except other senders placing their own blocks.
+/// Every non-empty sink addresses a live buffer (the one [`Sinks::new`] was given) that
+/// nothing reads or writes meanwhile except other senders placing their own blocks.
 pub unsafe fn place_all_to_all(
     op: &Op,
     mesh: &Mesh,
@@ -550,6 +553,13 @@ pub unsafe fn place_all_to_all(
         .into_iter()
         .find(|g| g.contains(&pos))
         .ok_or_else(|| format!("device {pos} is in no replica group"))?;
+    if sinks.dtype != Some(x.dtype()) {
+        return Err(format!(
+            "an operand of {:?} for results of {:?}",
+            x.dtype(),
+            sinks.dtype
+        ));
+    }
     let j = group.iter().position(|&d| d == pos).expect("found above");
     let l = A2aLayout::new(shape, *split_dim, *concat_dim, group.len(), perm);
     let total = l.block.iter().product::<usize>() * group.len();
@@ -561,9 +571,8 @@ pub unsafe fn place_all_to_all(
         }
         let (soff, doff) = l.offsets(r, j);
         let at = sinks.ptrs[dst];
-        // SAFETY: the sink holds `total` elements of `x`'s dtype (checked: the element
-        // count; the dtype by the caller's contract); sender `j`'s block is written by this
-        // call alone.
+        // SAFETY: the sink holds `total` elements of `x`'s dtype (both checked above);
+        // sender `j`'s block is written by this call alone.
         unsafe {
             match x {
                 Data::F32(v) => {

@@ -60,7 +60,7 @@ use crate::kernels::{bytes, conv, index, layout, reduce, scalar_f64, strides, ze
 use crate::profile::{Profiler, TraceEvent};
 use crate::reference::RuntimeError;
 use crate::tensor::{Data, HostTensor};
-use ir::{BinaryOp, DType, Instr, Literal, Op, Program, Type};
+use ir::{BinaryOp, DType, Instr, Literal, Mesh, Op, Program, Type};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -1307,9 +1307,9 @@ impl Executable {
                         let mut sinks = Vec::with_capacity(sends.len());
                         for &si in sends {
                             let ty = &self.program.instrs[self.steps[si].instr].ty;
+                            let n = self.mesh_of(si)?.0.num_devices();
                             let mut bufs: Vec<Data> =
                                 devs.iter_mut().map(|d| d.alloc(ty)).collect();
-                            let n = self.program.mesh.as_ref().map_or(0, |m| m.num_devices());
                             let ptrs = Sinks::new(n, &positions, &mut bufs);
                             placed.insert(si, bufs);
                             sinks.push((si, ptrs));
@@ -1331,7 +1331,7 @@ impl Executable {
                         }
                     }
                     Segment::Collective(si) => match placed.remove(si) {
-                        Some(bufs) => self.placed(&mut devs, *si, bufs, profiler, &mut stats),
+                        Some(bufs) => self.placed(&mut devs, *si, bufs, profiler, &mut stats)?,
                         None => self.collective(&mut devs, *si, comm, profiler, &mut stats)?,
                     },
                 }
@@ -1403,15 +1403,11 @@ impl Executable {
         bufs: Vec<Data>,
         profiler: Option<&Profiler>,
         stats: &mut Vec<CollectiveStat>,
-    ) {
+    ) -> Result<(), ExecError> {
         let s = &self.steps[si];
         let ins = &self.program.instrs[s.instr];
         let operand_ty = &self.program.instrs[s.reads[0]].ty;
-        let k = self
-            .program
-            .mesh
-            .as_ref()
-            .map_or(1, |m| m.size_of(ins.op.collective_axes().unwrap_or(&[])));
+        let (_, k) = self.mesh_of(si)?;
         let sent = wire_bytes(&ins.op, operand_ty, k);
         self.count(stats, ins, sent * devs.len());
         let t = profiler.map(|p| p.now_us());
@@ -1432,6 +1428,21 @@ impl Executable {
             }
             d.release(self, si);
         }
+        Ok(())
+    }
+
+    /// The mesh collective step `si` runs over, and the size `k` of its groups.
+    fn mesh_of(&self, si: usize) -> Result<(&Mesh, usize), ExecError> {
+        let ins = &self.program.instrs[self.steps[si].instr];
+        let mesh = self
+            .program
+            .mesh
+            .as_ref()
+            .ok_or_else(|| RuntimeError::NoMesh {
+                index: self.steps[si].instr,
+                op: ins.op.name().into(),
+            })?;
+        Ok((mesh, mesh.size_of(ins.op.collective_axes().unwrap_or(&[]))))
     }
 
     /// Add `bytes` sent by one run of collective `ins` to `stats`.
@@ -1459,17 +1470,9 @@ impl Executable {
     ) -> Result<(), ExecError> {
         let s = &self.steps[si];
         let ins = &self.program.instrs[s.instr];
-        let mesh = self
-            .program
-            .mesh
-            .as_ref()
-            .ok_or_else(|| RuntimeError::NoMesh {
-                index: s.instr,
-                op: ins.op.name().into(),
-            })?;
+        let (mesh, k) = self.mesh_of(si)?;
         let v = s.reads[0];
         let operand_ty = self.program.instrs[v].ty.clone();
-        let k = mesh.size_of(ins.op.collective_axes().unwrap_or(&[]));
         let t0 = profiler.map(|p| p.now_us());
         // Operands that die here move into the collective; others are copied.
         let c = self.class[v];
@@ -1657,14 +1660,7 @@ impl Dev<'_> {
             Kind::Collective { out_perm } => out_perm.as_deref(),
             _ => None,
         };
-        let mesh = exe
-            .program
-            .mesh
-            .as_ref()
-            .ok_or_else(|| RuntimeError::NoMesh {
-                index: s.instr,
-                op: ins.op.name().into(),
-            })?;
+        let (mesh, k) = exe.mesh_of(si)?;
         let t0 = self.profiler.map(|p| p.now_us());
         let shape = &exe.program.instrs[v].ty.shape;
         // SAFETY: `sinks` address the buffers `run_shared` allocated for this step's results
@@ -1676,7 +1672,6 @@ impl Dev<'_> {
                 msg,
             })?;
         if let (Some(p), Some(t0)) = (self.profiler, t0) {
-            let k = mesh.size_of(ins.op.collective_axes().unwrap_or(&[]));
             let ty = &exe.program.instrs[v].ty;
             self.events.push(TraceEvent {
                 device: self.pos,
