@@ -388,7 +388,7 @@ unsafe fn sgemm_impl(
         }
         // A row-major A whose rows are mostly zeros (a ReLU output, its masked gradient)
         // is multiplied by its non-zeros only, where the CPU has AVX-512 and the GEMM is
-        // large enough to pay for the compression (see `sparse`).
+        // large enough to pay for finding the non-zeros (see `sparse`).
         let sparse_a = allow_sparse
             && a.cs == 1
             && c.cs == 1

@@ -4,12 +4,14 @@
 //! its masked gradient. Two of an MoE expert's six GEMMs take such an operand as a
 //! row-major `A` (the down-projection `relu(h) · Wo` forward, `dh' · Wi^T` backward), and
 //! two as a column-major one (the weight gradients `relu(h)^T · dy` and `dh'^T · x`, copied
-//! row-major first), where a product `0 · b` adds nothing. This kernel multiplies only the non-zero elements of each
-//! row of `A`: a row's non-zeros over a slice of steps are compressed to (step, value)
-//! lists with AVX-512 `vcompressps`, and each value is multiplied into eight 16-lane
-//! accumulators (128 columns of `C`) against the step's packed row of `B`. The block of `B`
-//! that a slice of steps meets (64 steps x 128 columns, 32 KiB) stays in L1 while every
-//! row of `A` passes over it.
+//! row-major first), where a product `0 · b` adds nothing. This kernel multiplies only the
+//! non-zero elements of each row of `A`: a row's non-zeros over a slice of steps are found
+//! as the bits of a 64-bit mask (four AVX-512 compares), and the chain walks the set bits
+//! (lowest first: `tzcnt`, then `blsr`), broadcasting each value from `A` and multiplying it
+//! into eight 16-lane accumulators (128 columns of `C`) against the step's packed row of
+//! `B`. The block of `B` that a slice of steps meets (64 steps x 128 columns, 32 KiB) stays
+//! in L1 while every row of `A` passes over it. Each row's mask is taken before the
+//! previous row's chain runs, so its loads of `A` are in flight meanwhile.
 //!
 //! Numerics: bitwise those of the dense micro-kernel, with one exception. Each output element is still the
 //! FMA chain of its products in increasing step order, one `KC` block after the other
@@ -21,12 +23,15 @@
 //! dense sum into `+0`, so the one exception is the sign of such a zero. A partial chain is
 //! stored as f32 and reloaded between slices of steps, which changes nothing.
 //!
-//! Measured here (one thread, `m = 128`, `k = 512`, `n = 128` with half of `A` zero;
-//! criterion `relu_sgemm_*`, hot caches): 134 us against 175 us for the dense micro-kernel
-//! (1.30x), 144 against 171 us in a noisier sitting (1.19x); cycling through 32
-//! experts' cold operands 176 against 195 us; 1.35x with a quarter of `A` non-zero and 1.6x
-//! with a tenth. The kernel is bound by loads (one 64-byte row chunk of `B` per FMA) where
-//! the dense one is bound by FMAs, so it wins by doing half the work, not by running faster.
+//! Measured here (one thread, `m = 128`, `k = 512`, `n = 128` with half of `A` zero, hot
+//! caches, minimum of 2000 calls): 107 us against 158 us for the dense micro-kernel
+//! (1.48x). Lists of `(step, value)` built with `vcompressps` before each chain took 123 us
+//! (the compression 13 % of the samples, and each row's first loads of `A` stalled the
+//! chain); building every row's mask of a slice in one pass first, 111 us; slices of 32
+//! steps 141 us (a row's accumulators reloaded twice as often) and of 128 steps 153 us (the
+//! block of `B` no longer in L1). The chain is bound by loads (one 64-byte row chunk of `B`
+//! per FMA, ~9.5 cycles per non-zero against the 8 of its FMAs), so the kernel wins by
+//! doing half the work, not by running faster.
 
 /// Steps of one slice: its block of `B` (`SLICE x 128` floats, 32 KiB) stays in L1.
 pub(super) const SLICE: usize = 64;
@@ -49,7 +54,7 @@ thread_local! {
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        crate::kernels::has_avx512f() && std::is_x86_feature_detected!("popcnt")
+        crate::kernels::has_avx512f() && std::is_x86_feature_detected!("bmi1")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -112,15 +117,17 @@ pub unsafe fn block(
         let tp = tmp.as_mut_ptr();
         let dst = |r: usize, i: usize| if first { c(i) } else { tp.add(r * nc) };
         let slices = kc.div_ceil(SLICE);
-        let mut idx = [0u32; SLICE + 16];
-        let mut val = [0f32; SLICE + 16];
-        let mut start = [0u32; 2];
         for g0 in (0..nc).step_by(GROUP) {
             let cols = GROUP.min(nc - g0);
             let base = pb.add(g0 * kc);
             for s in 0..slices {
                 let s0 = s * SLICE;
                 let len = SLICE.min(kc - s0);
+                // Each row's bits are found one row ahead, so their loads are in flight
+                // while the previous row's chain runs.
+                let mut next = rows
+                    .first()
+                    .map_or(0, |&i| avx512::nonzero_bits(a(i).add(s0), len));
                 for (r, &i) in rows.iter().enumerate() {
                     fetch();
                     // The same slice of a row a few rows on: its first touch misses the
@@ -137,11 +144,14 @@ pub unsafe fn block(
                             _mm_prefetch::<_MM_HINT_T0>(p.add(line).cast());
                         }
                     }
-                    avx512::compress(a(i).add(s0), len, &mut idx, &mut val, &mut start);
-                    let nz = start[1] as usize;
+                    let row = a(i).add(s0);
+                    let bits = next;
+                    if let Some(&i) = rows.get(r + 1) {
+                        next = avx512::nonzero_bits(a(i).add(s0), len);
+                    }
                     avx512::chain(
-                        &idx[..nz],
-                        &val[..nz],
+                        row,
+                        bits,
                         base.add(s0 * GROUP),
                         dst(r, i).add(g0),
                         cols,
@@ -168,88 +178,59 @@ pub unsafe fn block(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{GROUP, SLICE};
+    use super::GROUP;
     use crate::kernels::lanes;
     use std::arch::x86_64::*;
 
-    /// The non-zeros of the `kc` floats at `a` as packed-row offsets `kk * GROUP` and values,
-    /// and in `start[s]` where slice `s` (steps `s * SLICE..`) begins (`start[slices]`: the
-    /// count).
-    ///
-    /// The count of each chunk's non-zeros is a `popcnt` (without the target feature,
-    /// `count_ones` is a dozen dependent bit operations, and every later store's address
-    /// waits for it: the compression took ~15 % of a row-sparse GEMM's samples).
+    /// Bit `t` set for each non-zero of the `len <= 64` floats at `a` (NaN counts as
+    /// non-zero: unordered not-equal).
     ///
     /// # Safety
-    /// AVX-512F and POPCNT; `kc` floats readable at `a`; `idx` and `val` hold `kc + 16`,
-    /// `start` holds `kc.div_ceil(SLICE) + 1`.
-    #[target_feature(enable = "avx512f,popcnt")]
-    pub(super) unsafe fn compress(
-        a: *const f32,
-        kc: usize,
-        idx: &mut [u32],
-        val: &mut [f32],
-        start: &mut [u32],
-    ) {
-        debug_assert!(idx.len() >= kc + 16 && val.len() >= kc + 16);
-        debug_assert!(start.len() > kc.div_ceil(SLICE));
-        // SAFETY: masked loads read only the `kc` floats; each store writes 16 lanes at an
-        // offset below `kc`, inside the `kc + 16` of `idx` and `val`.
+    /// AVX-512F; `len` floats readable at `a`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn nonzero_bits(a: *const f32, len: usize) -> u64 {
+        debug_assert!(len <= 64);
+        // SAFETY: masked loads read only the `len` floats.
         unsafe {
-            let mut n = 0;
-            let mut off = _mm512_mullo_epi32(
-                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                _mm512_set1_epi32(GROUP as i32),
-            );
-            let step = _mm512_set1_epi32(16 * GROUP as i32);
-            for t in (0..kc).step_by(16) {
-                if t % SLICE == 0 {
-                    start[t / SLICE] = n as u32;
-                }
-                let v = _mm512_maskz_loadu_ps(lanes(kc - t), a.add(t));
-                // NaN counts as non-zero (unordered not-equal).
+            let mut bits = 0u64;
+            for t in (0..len).step_by(16) {
+                let v = _mm512_maskz_loadu_ps(lanes(len - t), a.add(t));
                 let m = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(v, _mm512_setzero_ps());
-                _mm512_storeu_ps(val.as_mut_ptr().add(n), _mm512_maskz_compress_ps(m, v));
-                _mm512_storeu_si512(
-                    idx.as_mut_ptr().add(n).cast(),
-                    _mm512_maskz_compress_epi32(m, off),
-                );
-                n += m.count_ones() as usize;
-                off = _mm512_add_epi32(off, step);
+                bits |= u64::from(m) << t;
             }
-            start[kc.div_ceil(SLICE)] = n as u32;
+            bits
         }
     }
 
-    /// Chain the products of the non-zeros (`idx`: packed-row offsets, `val`) with the
-    /// packed rows of `B` (the group's step `k` at `b + k * GROUP`) into the
-    /// `cols <= GROUP` floats at `c` (`resume`: the chain continues from `c`'s values,
-    /// stored by the previous slice).
+    /// Chain the products of the non-zeros of a row's slice (`a`: its floats, `bits`: which
+    /// are non-zero, in increasing step order) with the packed rows of `B` (the group's
+    /// step `t` at `b + t * GROUP`) into the `cols <= GROUP` floats at `c` (`resume`: the
+    /// chain continues from `c`'s values, stored by the previous slice). The non-zeros are
+    /// walked by their bits (lowest set bit, then clear it), so no list is written.
     ///
     /// # Safety
-    /// As [`super::block`].
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f")]
+    /// As [`super::block`]; every set bit's float readable at `a`.
+    #[target_feature(enable = "avx512f,bmi1")]
     pub(super) unsafe fn chain(
-        idx: &[u32],
-        val: &[f32],
+        a: *const f32,
+        bits: u64,
         b: *const f32,
         c: *mut f32,
         cols: usize,
         resume: bool,
     ) {
-        debug_assert!(cols <= GROUP && idx.len() == val.len());
+        debug_assert!(cols <= GROUP);
         // SAFETY: the caller's contract.
         unsafe {
             match cols.div_ceil(16) {
-                8 => chain_q::<8>(idx, val, b, c, cols, resume),
-                7 => chain_q::<7>(idx, val, b, c, cols, resume),
-                6 => chain_q::<6>(idx, val, b, c, cols, resume),
-                5 => chain_q::<5>(idx, val, b, c, cols, resume),
-                4 => chain_q::<4>(idx, val, b, c, cols, resume),
-                3 => chain_q::<3>(idx, val, b, c, cols, resume),
-                2 => chain_q::<2>(idx, val, b, c, cols, resume),
-                _ => chain_q::<1>(idx, val, b, c, cols, resume),
+                8 => chain_q::<8>(a, bits, b, c, cols, resume),
+                7 => chain_q::<7>(a, bits, b, c, cols, resume),
+                6 => chain_q::<6>(a, bits, b, c, cols, resume),
+                5 => chain_q::<5>(a, bits, b, c, cols, resume),
+                4 => chain_q::<4>(a, bits, b, c, cols, resume),
+                3 => chain_q::<3>(a, bits, b, c, cols, resume),
+                2 => chain_q::<2>(a, bits, b, c, cols, resume),
+                _ => chain_q::<1>(a, bits, b, c, cols, resume),
             }
         }
     }
@@ -258,11 +239,11 @@ mod avx512 {
     ///
     /// # Safety
     /// As [`chain`]; `cols` in `16 * (Q - 1) + 1 ..= 16 * Q`.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,bmi1")]
     #[inline]
     unsafe fn chain_q<const Q: usize>(
-        idx: &[u32],
-        val: &[f32],
+        a: *const f32,
+        mut bits: u64,
         b: *const f32,
         c: *mut f32,
         cols: usize,
@@ -278,9 +259,11 @@ mod avx512 {
                     *x = _mm512_maskz_loadu_ps(mask(q), c.add(16 * q));
                 }
             }
-            for (&o, &v) in idx.iter().zip(val) {
-                let v = _mm512_set1_ps(v);
-                let row = b.add(o as usize);
+            while bits != 0 {
+                let t = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let v = _mm512_set1_ps(*a.add(t));
+                let row = b.add(t * GROUP);
                 for (q, x) in acc.iter_mut().enumerate() {
                     *x = _mm512_fmadd_ps(v, _mm512_load_ps(row.add(16 * q)), *x);
                 }
