@@ -1314,8 +1314,12 @@ impl Executable {
                             placed.insert(si, bufs);
                             sinks.push((si, ptrs));
                         }
+                        // One task per device (rayon would otherwise run runs of
+                        // neighbouring devices as one sequential task, which a thread left
+                        // idle at the segment's end cannot split).
                         let errs: Vec<Result<(), ExecError>> = devs
                             .par_iter_mut()
+                            .with_max_len(1)
                             .map(|d| {
                                 for si in range.clone() {
                                     d.step(self, si)?;
