@@ -50,7 +50,7 @@ thread_local! {
     pub(super) static THREAD_BLOCKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Whether this CPU runs the kernel (AVX-512F, and POPCNT for the compression's counts).
+/// Whether this CPU runs the kernel (AVX-512F, and BMI1 for the chain's `tzcnt` and `blsr`).
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
