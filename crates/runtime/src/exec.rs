@@ -18,6 +18,11 @@
 //!   (`Kind::DotFused`): each batch entry (an expert) goes through the group right after
 //!   its GEMM, while in cache. It takes the dot's place when the group's other inputs exist
 //!   by then, so the peak never grows.
+//! - *Coded ReLUs*: `h = max(a, 0)` whose pre-activation `a` is otherwise read only by
+//!   compares with zero (its derivative) and whose `h` only by dots is computed with `-0`
+//!   where `a < 0`; the compares read `a` back from `h` (`-1` where `h` is `-0`), so `a` is
+//!   never kept from the forward pass to the backward one (an expert's pre-activation, as
+//!   large as its ReLU). Dots sum `-0` terms as `+0` ones: every other value is unchanged.
 //! - *Masked dots*: an f32 dot whose every use is a one-multiply group `dot * mask` summed
 //!   by reductions (`Kind::MaskedDot`) is computed only where a mask is non-zero, when a
 //!   run-time check shows that exact ([`dot_masked`]); otherwise as a plain dot. When each
@@ -223,6 +228,8 @@ pub struct Executable {
     steps: Vec<Step>,
     /// `then[si]`: the dot step right after dot step `si` (see [`Dev::tail`]).
     then: Vec<Option<usize>>,
+    /// ReLUs computed coded, their pre-activation not kept ([`relu_codes`]).
+    coded_relus: usize,
     segments: Vec<Segment>,
     /// `sends[k]`: for local segment `k`, the all-to-all steps of the round after it whose
     /// senders place their blocks at the end of this segment's device tasks, where the
@@ -319,6 +326,10 @@ fn generator(op: &Op) -> bool {
 struct GroupBuilder<'a> {
     p: &'a Program,
     absorbed: &'a [bool],
+    /// ReLU pre-activations read through their coded ReLU ([`relu_codes`]): `a -> h`.
+    relu_of: &'a HashMap<usize, usize>,
+    /// The coded ReLUs: `h -> a`.
+    relu_in: &'a HashMap<usize, usize>,
     nodes: Vec<(Node, DType)>,
     inputs: Vec<usize>,
     memo: HashMap<usize, usize>,
@@ -348,7 +359,17 @@ impl GroupBuilder<'_> {
         }
         let ins = &self.p.instrs[v];
         let dt = ins.ty.dtype;
-        let n = if !inline {
+        let n = if let (true, Some(&a)) = (inline, self.relu_in.get(&v)) {
+            // The coded ReLU `max(a, 0)`, `-0` where `a < 0` (see `relu_codes`).
+            let k = self.input(a);
+            let a = self.push(Node::Input(k), DType::F32);
+            self.push(Node::ReluCode(a), DType::F32)
+        } else if let (false, Some(&h)) = (inline, self.relu_of.get(&v)) {
+            // The pre-activation as its compares with zero see it, from its coded ReLU.
+            let k = self.input(h);
+            let h = self.push(Node::Input(k), DType::F32);
+            self.push(Node::ReluDecode(h), DType::F32)
+        } else if !inline {
             let k = self.input(v);
             self.push(Node::Input(k), dt)
         } else {
@@ -445,6 +466,56 @@ impl GroupBuilder<'_> {
         self.memo.insert(v, n);
         n
     }
+}
+
+/// ReLUs `h = max(a, 0)` (f32, `+0`) whose pre-activation `a` is read otherwise only by
+/// compares with zero (the ReLU's derivative, `a > 0` and `a == 0`), after `h`, and whose `h`
+/// is read only by dots: `h` is then computed coded, `-0` where `a < 0` (`+0` where
+/// `a == ±0`, `a` where positive, NaN where NaN), and those compares read `a` back from it
+/// (`-1` where `h` is `-0`, else `h`: every compare with zero gives what it gave on `a`). A dot
+/// sums `-0 * x` as `+0 * x` (a sum that starts at `+0` stays `+0` either way, and any other
+/// term decides), so every value but `h`'s zero signs is the same, and `a` is never kept for
+/// the backward pass: an expert's pre-activation, as large as its ReLU, is neither written
+/// nor read back. Returns `a -> h`.
+fn relu_codes(p: &Program, consumers: &[Vec<usize>], is_output: &[bool]) -> HashMap<usize, usize> {
+    let zero = |v: ir::ValueId| p.splat_value(v) == Some(0.0);
+    let plus_zero = |v: ir::ValueId| {
+        p.splat_value(v)
+            .is_some_and(|x| x == 0.0 && x.is_sign_positive())
+    };
+    let mut codes = HashMap::new();
+    for (a, ins) in p.instrs.iter().enumerate() {
+        // (A generator is inlined where it is read, never a buffer to read back.)
+        if ins.ty.dtype != DType::F32 || is_output[a] || generator(&ins.op) {
+            continue;
+        }
+        let (mut relu, mut compares, mut other_use) = (None, 0, false);
+        for &c in &consumers[a] {
+            let ci = &p.instrs[c];
+            let z = match ci.operands.as_slice() {
+                [x, y] if x.index() == a && y.index() != a => Some(*y),
+                [x, y] if y.index() == a && x.index() != a => Some(*x),
+                _ => None,
+            };
+            match (&ci.op, z) {
+                (Op::Binary(BinaryOp::Max), Some(z)) if plus_zero(z) && relu.is_none() => {
+                    relu = Some(c)
+                }
+                (Op::Compare(_), Some(z)) if zero(z) => compares += 1,
+                _ => other_use = true,
+            }
+        }
+        let Some(h) = relu else { continue };
+        let dots_only = !consumers[h].is_empty()
+            && consumers[h]
+                .iter()
+                .all(|&c| matches!(p.instrs[c].op, Op::DotGeneral(_)));
+        let after = consumers[a].iter().all(|&c| c >= h);
+        if !other_use && compares > 0 && after && dots_only && !is_output[h] {
+            codes.insert(a, h);
+        }
+    }
+    codes
 }
 
 /// Operands of fewer elements than this are moved in and out of a collective on the
@@ -873,6 +944,12 @@ impl Executable {
                 }
             }
         }
+        let relu_of = if reference_kernels {
+            HashMap::new()
+        } else {
+            relu_codes(p, &consumers, &is_output)
+        };
+        let relu_in: HashMap<usize, usize> = relu_of.iter().map(|(&a, &h)| (h, a)).collect();
         let numel = |i: usize| p.instrs[i].ty.num_elements();
         let mut absorbed = vec![false; n];
         for i in 0..n {
@@ -975,6 +1052,8 @@ impl Executable {
                     let mut g = GroupBuilder {
                         p,
                         absorbed: &absorbed,
+                        relu_of: &relu_of,
+                        relu_in: &relu_in,
                         nodes: Vec::new(),
                         inputs: Vec::new(),
                         memo: HashMap::new(),
@@ -1190,6 +1269,7 @@ impl Executable {
             program: p.clone(),
             steps,
             then,
+            coded_relus: relu_of.len(),
             segments,
             sends,
             class,
@@ -1221,6 +1301,12 @@ impl Executable {
     /// Number of steps (kernels, fused groups, aliases, collectives, parameters).
     pub fn num_steps(&self) -> usize {
         self.steps.len()
+    }
+
+    /// Number of ReLUs whose pre-activation is read back from their coded result instead of
+    /// being kept (see the module docs).
+    pub fn coded_relus(&self) -> usize {
+        self.coded_relus
     }
 
     /// Number of fused groups and of instructions folded into them.

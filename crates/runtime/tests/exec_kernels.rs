@@ -1805,3 +1805,115 @@ fn relu_sparse_dots_give_the_dense_bits() {
         assert_bounded(name, &sparse[name], &want[name], &bound[name], 1e-5, 1e-6);
     }
 }
+
+/// A ReLU between two dots whose pre-activation is otherwise read only by compares with zero
+/// (its derivative, on either side, every compare) is computed coded and the pre-activation
+/// not kept: every output is bit for bit what the executor gives when the pre-activation is
+/// kept (an output of the program, which rules the coding out), over exact zeros, negative
+/// and positive pre-activations and a NaN; a ReLU read by something other than a dot is not
+/// coded.
+#[test]
+fn coded_relus_give_the_bits_of_kept_pre_activations() {
+    let (e, t, m, h) = (2, 48, 32, 96);
+    let ty = |d: &[usize]| Type::new(DType::F32, d.to_vec());
+    let batched = |lc: usize, rc: usize| DotDims {
+        lhs_batch: vec![0],
+        rhs_batch: vec![0],
+        lhs_contract: vec![lc],
+        rhs_contract: vec![rc],
+    };
+    // `keep_a`: `a` is an output too; `relu_elsewhere`: the ReLU is also read by a multiply.
+    let build = |keep_a: bool, relu_elsewhere: bool| {
+        let b = Builder::new();
+        let x = b.param("x", ty(&[e, t, m]));
+        let wi = b.param("wi", ty(&[e, m, h]));
+        let wo = b.param("wo", ty(&[e, h, m]));
+        let dy = b.param("dy", ty(&[e, t, m]));
+        let a = x.dot_general(&wi, batched(2, 1));
+        let relu = a.max(0.0);
+        b.output("y", &relu.dot_general(&wo, batched(2, 1)));
+        let g = dy.dot_general(&wo, batched(2, 2));
+        let c = |v: f64| b.splat(v, a.ty());
+        let zero = c(0.0);
+        let d = a
+            .gt(0.0)
+            .select(&c(1.0), &a.eq(0.0).select(&c(0.5), &zero))
+            .add(&a.lt(0.0).select(&c(0.25), &zero))
+            .add(&a.ge(0.0).select(&c(0.125), &zero))
+            .add(&zero.le(&a).select(&c(1.0 / 16.0), &zero))
+            .add(&zero.ne(&a).select(&c(1.0 / 32.0), &zero));
+        let dh = g.mul(&d);
+        b.output("dx", &dh.dot_general(&wi, batched(2, 2)));
+        b.output("dwo", &relu.dot_general(&dy, batched(1, 1)));
+        if keep_a {
+            b.output("a", &a);
+        }
+        if relu_elsewhere {
+            b.output("r2", &relu.mul(2.0));
+        }
+        b.finish()
+    };
+    let mut rng = Rng(31);
+    let mut x: Vec<f64> = (0..e * t * m).map(|_| rng.unit() - 0.5).collect();
+    // Whole zero rows (an empty capacity slot): zero pre-activations, `a == 0` exactly.
+    for r in [3, 17, t + 5] {
+        x[r * m..(r + 1) * m].iter_mut().for_each(|v| *v = 0.0);
+    }
+    x[9 * m + 4] = f64::NAN;
+    let wi: Vec<f64> = (0..e * m * h).map(|_| rng.unit() - 0.5).collect();
+    let wo: Vec<f64> = (0..e * h * m).map(|_| rng.unit() - 0.5).collect();
+    let dy: Vec<f64> = (0..e * t * m).map(|_| rng.unit() - 0.5).collect();
+    let ins: HashMap<String, HostTensor> = [
+        ("x", ty(&[e, t, m]), x),
+        ("wi", ty(&[e, m, h]), wi),
+        ("wo", ty(&[e, h, m]), wo),
+        ("dy", ty(&[e, t, m]), dy),
+    ]
+    .into_iter()
+    .map(|(n, ty, vals)| (n.to_string(), HostTensor::from_f64_values(ty, &vals)))
+    .collect();
+    let run = |p: &Program| {
+        let exe = Executable::new(p).unwrap();
+        let r = exe
+            .run(&InProcess::new(1), std::slice::from_ref(&ins), None)
+            .unwrap();
+        (exe.coded_relus(), r.outputs.into_iter().next().unwrap())
+    };
+    let (coded, got) = run(&build(false, false));
+    let (kept, want) = run(&build(true, false));
+    assert_eq!(
+        (coded, kept),
+        (1, 0),
+        "coded ReLUs with and without `a` an output"
+    );
+    for name in ["y", "dx", "dwo"] {
+        let (g, w) = (got[name].to_f64_vec(), want[name].to_f64_vec());
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "{name}[{i}]: coded {a:e} vs kept {b:e}"
+            );
+        }
+    }
+    // The derivative's every branch was taken (zeros, negatives, positives).
+    let a = &want["a"].to_f64_vec();
+    assert!(
+        a.iter().any(|&v| v == 0.0) && a.iter().any(|&v| v < 0.0) && a.iter().any(|&v| v > 0.0)
+    );
+    // Against the reference too (dots within their accumulation tolerance).
+    let reference = runtime::run(&build(false, false), &ins).unwrap();
+    for name in ["y", "dx", "dwo"] {
+        for (a, b) in got[name]
+            .to_f64_vec()
+            .iter()
+            .zip(reference[name].to_f64_vec())
+        {
+            assert!(
+                same(*a, b) || (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "{name}: {a} vs {b}"
+            );
+        }
+    }
+    let (elsewhere, _) = run(&build(false, true));
+    assert_eq!(elsewhere, 0, "a ReLU read by a multiply keeps its +0s");
+}

@@ -56,6 +56,12 @@ pub enum Node {
     Compare(CompareOp, usize, usize),
     Select(usize, usize, usize),
     Convert(usize),
+    /// f32: `max(x, 0)`, but `-0` where `x < 0` (a ReLU whose zeros keep whether the input
+    /// was zero or negative; see the executor's coded ReLUs).
+    ReluCode(usize),
+    /// f32: `-1` where `x` is `-0`, else `x`: the pre-activation of a [`Node::ReluCode`] as
+    /// every compare with zero sees it.
+    ReluDecode(usize),
 }
 
 /// A fused elementwise group producing `len` elements; the root is the last node.
@@ -864,7 +870,9 @@ fn plan(f: &Fused, inputs: &[&Data], inplace: Option<usize>) -> Vec<Plan> {
     let mut user = vec![usize::MAX; f.nodes.len()];
     for (j, (node, _)) in f.nodes.iter().enumerate() {
         let ops: &[usize] = match node {
-            Node::Unary(_, a) | Node::Convert(a) => std::slice::from_ref(a),
+            Node::Unary(_, a) | Node::Convert(a) | Node::ReluCode(a) | Node::ReluDecode(a) => {
+                std::slice::from_ref(a)
+            }
             Node::Binary(_, a, b) | Node::Compare(_, a, b) => &[*a, *b],
             Node::Select(p, t, e) => &[*p, *t, *e],
             _ => &[],
@@ -1152,6 +1160,22 @@ fn eval_node<'a>(
             }
         }
         Node::Convert(a) => convert(f.nodes[*a].1, dt, get(*a), o, n),
+        Node::ReluCode(a) => {
+            let (Lane::F(x), LaneMut::F(o)) = (get(*a), o) else {
+                panic!("a coded ReLU reads and writes f32")
+            };
+            for (o, &x) in o.iter_mut().zip(x) {
+                *o = sel32(x < 0.0, -0.0, fmax32(x, 0.0));
+            }
+        }
+        Node::ReluDecode(a) => {
+            let (Lane::F(x), LaneMut::F(o)) = (get(*a), o) else {
+                panic!("a coded ReLU's decode reads and writes f32")
+            };
+            for (o, &x) in o.iter_mut().zip(x) {
+                *o = sel32(x.to_bits() == 0x8000_0000, -1.0, x);
+            }
+        }
     }
 }
 
@@ -1309,7 +1333,9 @@ fn run_range_impl<T: Store>(
             .nodes
             .iter()
             .filter(|(node, _)| match node {
-                Node::Unary(_, a) | Node::Convert(a) => *a == j,
+                Node::Unary(_, a) | Node::Convert(a) | Node::ReluCode(a) | Node::ReluDecode(a) => {
+                    *a == j
+                }
                 Node::Binary(_, a, b) | Node::Compare(_, a, b) => *a == j || *b == j,
                 Node::Select(p, t, e) => *p == j || *t == j || *e == j,
                 _ => false,
@@ -1405,6 +1431,75 @@ pub fn run_fused_inplace(f: &Fused, inputs: &[&Data], out: &mut Data, inplace: O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A coded ReLU equals `max(x, 0)` as a value, and its decode compares with zero (either
+    /// side, every compare) exactly as `x` does, for every class of f32.
+    #[test]
+    fn coded_relus_compare_like_their_input() {
+        let xs = [
+            0.0f32,
+            -0.0,
+            1.5,
+            -1.5,
+            f32::MIN_POSITIVE,
+            -f32::MIN_POSITIVE,
+            1e-45,
+            -1e-45,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+        ];
+        let n = xs.len();
+        let f = Fused {
+            len: n,
+            nodes: vec![
+                (Node::Input(0), DType::F32),
+                (Node::ReluCode(0), DType::F32),
+                (Node::ReluDecode(1), DType::F32),
+            ],
+            n_inputs: 1,
+        };
+        let code = Fused {
+            nodes: f.nodes[..2].to_vec(),
+            ..f.clone()
+        };
+        let input = Data::F32(xs.to_vec());
+        let (mut h, mut d) = (Data::F32(vec![0.0; n]), Data::F32(vec![0.0; n]));
+        run_fused(&code, &[&input], &mut h);
+        run_fused(&f, &[&input], &mut d);
+        let (Data::F32(h), Data::F32(d)) = (h, d) else {
+            unreachable!()
+        };
+        for i in 0..n {
+            let (x, h, d) = (xs[i], h[i], d[i]);
+            let relu = fmax32(x, 0.0);
+            assert!(
+                (relu.is_nan() && h.is_nan()) || relu == h,
+                "code({x}) = {h}, max = {relu}"
+            );
+            assert_eq!(h.is_sign_negative() && h == 0.0, x < 0.0, "code({x}) = {h}");
+            for c in [
+                CompareOp::Eq,
+                CompareOp::Ne,
+                CompareOp::Lt,
+                CompareOp::Le,
+                CompareOp::Gt,
+                CompareOp::Ge,
+            ] {
+                let cmp = |a: f32, b: f32| match c {
+                    CompareOp::Eq => a == b,
+                    CompareOp::Ne => a != b,
+                    CompareOp::Lt => a < b,
+                    CompareOp::Le => a <= b,
+                    CompareOp::Gt => a > b,
+                    CompareOp::Ge => a >= b,
+                };
+                assert_eq!(cmp(d, 0.0), cmp(x, 0.0), "{c:?}({x}, 0) via {d}");
+                assert_eq!(cmp(0.0, d), cmp(0.0, x), "{c:?}(0, {x}) via {d}");
+            }
+        }
+    }
 
     /// Iota chunks written by runs equal `(start + i) / stride % size` at every chunk start
     /// (mid-run, mid-period, wrapping), for counting (`stride == 1`) and repeating runs.
