@@ -10,6 +10,10 @@ mod mesh_args;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// Tensor buffers on cache-line boundaries (see `runtime::alloc`).
+#[global_allocator]
+static ALLOC: runtime::LineAligned = runtime::LineAligned;
+
 #[derive(Parser)]
 #[command(
     name = "gshard",

@@ -17,6 +17,10 @@ use runtime::{Data, Executable, HostTensor, InProcess};
 use std::collections::HashMap;
 use std::hint::black_box;
 
+/// Tensor buffers on cache-line boundaries, as in the `gshard` binary.
+#[global_allocator]
+static ALLOC: runtime::LineAligned = runtime::LineAligned;
+
 fn data(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(2654435761).max(1);
     (0..n)

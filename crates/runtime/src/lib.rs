@@ -14,8 +14,12 @@
 //!   kernels ([`kernels`]: fused elementwise, GEMM-backed dot-general, ...), liveness-based
 //!   buffer reuse, and an optional [`Profiler`] writing Chrome traces ([`profile`]).
 //!
+//! - [`alloc`]: [`LineAligned`], the global allocator binaries that run the executor install
+//!   (tensor buffers on cache-line boundaries for the AVX-512 kernels).
+//!
 //! The runtime never reads a `Sharding`: communication is explicit collective ops.
 
+pub mod alloc;
 pub mod comm;
 pub mod exec;
 pub mod io;
@@ -25,6 +29,7 @@ pub mod reference;
 pub mod rng;
 pub mod tensor;
 
+pub use alloc::LineAligned;
 pub use comm::{CommError, Communicator, InProcess};
 pub use exec::{
     run_devices, run_devices_profiled, CollectiveStat, ExecError, Executable, RunResult,
