@@ -108,6 +108,14 @@ fn run_profiled(
     (out, prof)
 }
 
+/// Named inputs from f64 values, each converted to its type.
+fn f64_inputs<const N: usize>(items: [(&str, Type, Vec<f64>); N]) -> HashMap<String, HostTensor> {
+    items
+        .into_iter()
+        .map(|(n, ty, vals)| (n.to_string(), HostTensor::from_f64_values(ty, &vals)))
+        .collect()
+}
+
 fn same(a: f64, b: f64) -> bool {
     (a.is_nan() && b.is_nan()) || (a == b && a.is_sign_negative() == b.is_sign_negative())
 }
@@ -1753,15 +1761,12 @@ fn relu_sparse_dots_give_the_dense_bits() {
     // In the second batch entry's last block of steps: that block is multiplied densely.
     v[(h + h - 2) * m + 5] = f64::INFINITY;
     let w: Vec<f64> = (0..e * m * h).map(|_| rng.unit() - 0.5).collect();
-    let ins: HashMap<String, HostTensor> = [
+    let ins = f64_inputs([
         ("act", ty(&[e, t, h]), act),
         ("gm", ty(&[e, t, h]), gm),
         ("v", ty(&[e, h, m]), v),
         ("w", ty(&[e, m, h]), w),
-    ]
-    .into_iter()
-    .map(|(n, ty, vals)| (n.to_string(), HostTensor::from_f64_values(ty, &vals)))
-    .collect();
+    ]);
     // One pool thread: every GEMM runs whole on it (a split over many threads could put
     // each part under the path's size threshold), and its counter is read there.
     let pool = rayon::ThreadPoolBuilder::new()
@@ -1863,15 +1868,12 @@ fn coded_relus_give_the_bits_of_kept_pre_activations() {
     let wi: Vec<f64> = (0..e * m * h).map(|_| rng.unit() - 0.5).collect();
     let wo: Vec<f64> = (0..e * h * m).map(|_| rng.unit() - 0.5).collect();
     let dy: Vec<f64> = (0..e * t * m).map(|_| rng.unit() - 0.5).collect();
-    let ins: HashMap<String, HostTensor> = [
+    let ins = f64_inputs([
         ("x", ty(&[e, t, m]), x),
         ("wi", ty(&[e, m, h]), wi),
         ("wo", ty(&[e, h, m]), wo),
         ("dy", ty(&[e, t, m]), dy),
-    ]
-    .into_iter()
-    .map(|(n, ty, vals)| (n.to_string(), HostTensor::from_f64_values(ty, &vals)))
-    .collect();
+    ]);
     let run = |p: &Program| {
         let exe = Executable::new(p).unwrap();
         let r = exe

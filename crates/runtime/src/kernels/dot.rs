@@ -582,9 +582,9 @@ unsafe impl<T: Send> Sync for OutPtr<T> {}
 
 /// What a GEMM fetches into cache while it computes: the operands of `next`, the batch entry
 /// its thread multiplies next, and `epi`, the `(address, floats)` spans the epilogue that runs
-/// right after it reads (the ReLU gradient's pre-activation, which comes from the forward
-/// and is cold), and `out`, the `(address, floats)` span the next entry's result is written
-/// to (a store into a line not in cache waits for the line first).
+/// right after it reads (the coded ReLU whose zero signs the ReLU gradient reads, which comes
+/// from the forward and is cold), and `out`, the `(address, floats)` span the next entry's
+/// result is written to (a store into a line not in cache waits for the line first).
 #[derive(Clone, Copy)]
 struct Ahead<'a> {
     next: Option<usize>,

@@ -1479,21 +1479,12 @@ mod tests {
                 "code({x}) = {h}, max = {relu}"
             );
             assert_eq!(h.is_sign_negative() && h == 0.0, x < 0.0, "code({x}) = {h}");
-            for c in [
-                CompareOp::Eq,
-                CompareOp::Ne,
-                CompareOp::Lt,
-                CompareOp::Le,
-                CompareOp::Gt,
-                CompareOp::Ge,
-            ] {
-                let cmp = |a: f32, b: f32| match c {
-                    CompareOp::Eq => a == b,
-                    CompareOp::Ne => a != b,
-                    CompareOp::Lt => a < b,
-                    CompareOp::Le => a <= b,
-                    CompareOp::Gt => a > b,
-                    CompareOp::Ge => a >= b,
+            for c in CompareOp::ALL {
+                // The group's own compare kernel, on one element.
+                let cmp = |a: f32, b: f32| {
+                    let mut o = [false];
+                    compare(c, &[a], &[b], &mut o);
+                    o[0]
                 };
                 assert_eq!(cmp(d, 0.0), cmp(x, 0.0), "{c:?}({x}, 0) via {d}");
                 assert_eq!(cmp(0.0, d), cmp(0.0, x), "{c:?}(0, {x}) via {d}");
