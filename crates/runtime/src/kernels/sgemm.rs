@@ -1570,11 +1570,22 @@ mod tests {
         let (dense, none) = run(false);
         let (sparse, blocks) = run(true);
         assert_eq!(none, 0);
-        for (x, (d, s)) in dense.iter().zip(&sparse).enumerate() {
-            assert!(
-                d.to_bits() == s.to_bits() || (d.is_nan() && s.is_nan()),
-                "{m}x{n}x{k} element {x}: dense {d} sparse {s}"
-            );
+        let same = |d: &[f32], s: &[f32], what: &str| {
+            for (x, (d, s)) in d.iter().zip(s).enumerate() {
+                assert!(
+                    d.to_bits() == s.to_bits() || (d.is_nan() && s.is_nan()),
+                    "{m}x{n}x{k} element {x}: dense {d} {what} {s}"
+                );
+            }
+        };
+        same(&dense, &sparse, "sparse");
+        if wide::available() {
+            // The eight-lane chain too (the one CPUs without AVX-512 run).
+            set_wide(false);
+            let (narrow, narrow_blocks) = run(true);
+            set_wide(true);
+            assert_eq!(narrow_blocks, blocks);
+            same(&dense, &narrow, "eight-lane sparse");
         }
         (sparse, blocks)
     }
@@ -1645,7 +1656,7 @@ mod tests {
     #[test]
     fn row_sparse_path_is_bitwise_the_dense_product() {
         if !sparse_available() {
-            eprintln!("skipped: no AVX-512F (the row-sparse path is not used here)");
+            eprintln!("skipped: no AVX2 and FMA (the row-sparse path is not used here)");
             return;
         }
         for &(m, n, k) in &[
@@ -1697,7 +1708,7 @@ mod tests {
     #[test]
     fn row_sparse_path_takes_a_column_major_a() {
         if !sparse_available() {
-            eprintln!("skipped: no AVX-512F (the row-sparse path is not used here)");
+            eprintln!("skipped: no AVX2 and FMA (the row-sparse path is not used here)");
             return;
         }
         for &(m, n, k) in &[(512, 128, 128), (70, 130, 300), (13, 70, 1000)] {
@@ -1792,7 +1803,7 @@ mod tests {
     #[test]
     fn row_sparse_path_serves_a_transposed_result() {
         if !sparse_available() {
-            eprintln!("skipped: no AVX-512F (the row-sparse path is not used here)");
+            eprintln!("skipped: no AVX2 and FMA (the row-sparse path is not used here)");
             return;
         }
         let (m, n, k) = (96, 130, 300);

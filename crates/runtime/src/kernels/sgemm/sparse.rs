@@ -50,11 +50,14 @@ thread_local! {
     pub(super) static THREAD_BLOCKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Whether this CPU runs the kernel (AVX-512F, and BMI1 for the chain's `tzcnt` and `blsr`).
+/// Whether this CPU runs the kernel: AVX-512F (sixteen-lane chains) or AVX2 and FMA
+/// (eight-lane ones), and BMI1 for the chain's `tzcnt` and `blsr`.
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        crate::kernels::has_avx512f() && std::is_x86_feature_detected!("bmi1")
+        (crate::kernels::has_avx512f()
+            || (std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")))
+            && std::is_x86_feature_detected!("bmi1")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -115,6 +118,16 @@ pub unsafe fn block(
         assert!(first || tmp.len() >= rows.len() * nc);
         THREAD_BLOCKS.with(|b| b.set(b.get() + 1));
         let tp = tmp.as_mut_ptr();
+        // The sixteen-lane chain where the dense kernel takes AVX-512 tiles (both give the
+        // same bits; `set_wide(false)` runs the eight-lane one, for tests and comparisons).
+        let wide = super::wide_tiles();
+        let bits_of = |p: *const f32, len: usize| {
+            if wide {
+                avx512::nonzero_bits(p, len)
+            } else {
+                avx2::nonzero_bits(p, len)
+            }
+        };
         let dst = |r: usize, i: usize| if first { c(i) } else { tp.add(r * nc) };
         let slices = kc.div_ceil(SLICE);
         for g0 in (0..nc).step_by(GROUP) {
@@ -125,9 +138,7 @@ pub unsafe fn block(
                 let len = SLICE.min(kc - s0);
                 // Each row's bits are found one row ahead, so their loads are in flight
                 // while the previous row's chain runs.
-                let mut next = rows
-                    .first()
-                    .map_or(0, |&i| avx512::nonzero_bits(a(i).add(s0), len));
+                let mut next = rows.first().map_or(0, |&i| bits_of(a(i).add(s0), len));
                 for (r, &i) in rows.iter().enumerate() {
                     fetch();
                     // The same slice of a row a few rows on: its first touch misses the
@@ -147,16 +158,19 @@ pub unsafe fn block(
                     let row = a(i).add(s0);
                     let bits = next;
                     if let Some(&i) = rows.get(r + 1) {
-                        next = avx512::nonzero_bits(a(i).add(s0), len);
+                        next = bits_of(a(i).add(s0), len);
                     }
-                    avx512::chain(
-                        row,
-                        bits,
-                        base.add(s0 * GROUP),
-                        dst(r, i).add(g0),
-                        cols,
-                        s > 0,
-                    );
+                    let (b, c) = (base.add(s0 * GROUP), dst(r, i).add(g0));
+                    if wide {
+                        avx512::chain(row, bits, b, c, cols, s > 0);
+                    } else {
+                        // Eight-lane chains in passes of `avx2::HALF` columns (a pass over
+                        // the whole group would need more registers than AVX2 has).
+                        for h in (0..cols).step_by(avx2::HALF) {
+                            let w = (cols - h).min(avx2::HALF);
+                            avx2::chain(row, bits, b.add(h), c.add(h), w, s > 0);
+                        }
+                    }
                 }
             }
         }
@@ -270,6 +284,134 @@ mod avx512 {
             }
             for (q, x) in acc.iter().enumerate() {
                 _mm512_mask_storeu_ps(c.add(16 * q), mask(q), *x);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::GROUP;
+    use std::arch::x86_64::*;
+
+    /// Columns of one pass over a row's non-zeros: eight 8-lane accumulators (with the
+    /// broadcast value, nine of the sixteen registers; a whole group's sixteen would spill).
+    pub(super) const HALF: usize = 64;
+
+    /// Bit `t` set for each non-zero of the `len <= 64` floats at `a` (NaN counts as
+    /// non-zero: unordered not-equal).
+    ///
+    /// # Safety
+    /// AVX2; `len` floats readable at `a`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn nonzero_bits(a: *const f32, len: usize) -> u64 {
+        debug_assert!(len <= 64);
+        // SAFETY: full loads read inside the `len` floats; the tail is read one by one.
+        unsafe {
+            let mut bits = 0u64;
+            let full = len / 8 * 8;
+            for t in (0..full).step_by(8) {
+                let v = _mm256_loadu_ps(a.add(t));
+                let m = _mm256_cmp_ps::<_CMP_NEQ_UQ>(v, _mm256_setzero_ps());
+                bits |= u64::from(_mm256_movemask_ps(m) as u8) << t;
+            }
+            for t in full..len {
+                let x = *a.add(t);
+                bits |= u64::from(x != 0.0 || x.is_nan()) << t;
+            }
+            bits
+        }
+    }
+
+    /// The AVX2 form of the AVX-512 `chain` over one pass of `cols <= HALF` columns (`b`,
+    /// `c`: the pass's first column): the row's non-zeros (`bits`) into eight-lane
+    /// accumulators. Each output element is the same FMA chain in the same step order, so
+    /// the bits are those of the sixteen-lane kernel and of the dense one.
+    ///
+    /// # Safety
+    /// As [`super::block`]; every set bit's float readable at `a`.
+    #[target_feature(enable = "avx2,fma,bmi1")]
+    pub(super) unsafe fn chain(
+        a: *const f32,
+        bits: u64,
+        b: *const f32,
+        c: *mut f32,
+        cols: usize,
+        resume: bool,
+    ) {
+        debug_assert!(cols <= HALF);
+        // SAFETY: the caller's contract.
+        unsafe {
+            {
+                match cols.div_ceil(8) {
+                    8 => chain_q::<8>(a, bits, b, c, cols, resume),
+                    7 => chain_q::<7>(a, bits, b, c, cols, resume),
+                    6 => chain_q::<6>(a, bits, b, c, cols, resume),
+                    5 => chain_q::<5>(a, bits, b, c, cols, resume),
+                    4 => chain_q::<4>(a, bits, b, c, cols, resume),
+                    3 => chain_q::<3>(a, bits, b, c, cols, resume),
+                    2 => chain_q::<2>(a, bits, b, c, cols, resume),
+                    _ => chain_q::<1>(a, bits, b, c, cols, resume),
+                }
+            }
+        }
+    }
+
+    /// Lane mask (all ones in a lane's sign bit) of the first `n` of 8 lanes.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn lanes8(n: usize) -> __m256i {
+        let n = n.min(8) as i32;
+        _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(n),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        )
+    }
+
+    /// [`chain`] over one pass with `Q` 8-column accumulators (`b`, `c`: the pass's first
+    /// column).
+    ///
+    /// # Safety
+    /// As [`chain`]; `cols` in `8 * (Q - 1) + 1 ..= 8 * Q`.
+    #[target_feature(enable = "avx2,fma,bmi1")]
+    #[inline]
+    unsafe fn chain_q<const Q: usize>(
+        a: *const f32,
+        mut bits: u64,
+        b: *const f32,
+        c: *mut f32,
+        cols: usize,
+        resume: bool,
+    ) {
+        // SAFETY: the caller's contract; masked loads and stores touch only `cols` floats of
+        // `c`, packed loads stay inside the group's rows (zero-padded past `nc`, aligned).
+        unsafe {
+            let mask = |q: usize| lanes8(cols.saturating_sub(8 * q));
+            let mut acc = [_mm256_setzero_ps(); Q];
+            if resume {
+                for (q, x) in acc.iter_mut().enumerate() {
+                    *x = if 8 * q + 8 <= cols {
+                        _mm256_loadu_ps(c.add(8 * q))
+                    } else {
+                        _mm256_maskload_ps(c.add(8 * q), mask(q))
+                    };
+                }
+            }
+            while bits != 0 {
+                let t = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let v = _mm256_broadcast_ss(&*a.add(t));
+                let row = b.add(t * GROUP);
+                for (q, x) in acc.iter_mut().enumerate() {
+                    *x = _mm256_fmadd_ps(v, _mm256_load_ps(row.add(8 * q)), *x);
+                }
+            }
+            for (q, x) in acc.iter().enumerate() {
+                if 8 * q + 8 <= cols {
+                    _mm256_storeu_ps(c.add(8 * q), *x);
+                } else {
+                    _mm256_maskstore_ps(c.add(8 * q), mask(q), *x);
+                }
             }
         }
     }
