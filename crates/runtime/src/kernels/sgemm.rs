@@ -16,8 +16,8 @@
 //! (FMA-rounded), one `KC` block after the other; the order never depends on the thread
 //! split or the position of the tile, so a split GEMM is bitwise equal to an unsplit one.
 //!
-//! **Row-sparse `A`** ([`sparse`], AVX-512): a row-major `A` of which a sample of rows is at
-//! most 60 % non-zero (a ReLU output, or a gradient masked by one: two of an MoE expert's
+//! **Row-sparse `A`** ([`sparse`]; sixteen-lane chains on AVX-512, eight-lane ones on AVX2):
+//! a row-major `A` of which a sample of rows is at most 60 % non-zero (a ReLU output, or a gradient masked by one: two of an MoE expert's
 //! six GEMMs) is multiplied by its non-zeros only, each one a broadcast against a packed row
 //! of `B` into sixteen-lane accumulators. A column-major one is first copied row-major
 //! (the ReLU output read transposed in the down-projection's weight gradient `h^T dy`, and
@@ -195,12 +195,13 @@ pub fn set_sparse_a(on: bool) {
 }
 
 /// Blocks the calling thread has multiplied on the row-sparse path so far (`0` where the
-/// CPU has no AVX-512): tests use it to see that the path ran.
+/// CPU has no AVX2): tests use it to see that the path ran.
 pub fn sparse_blocks_run_here() -> usize {
     sparse::THREAD_BLOCKS.with(|b| b.get())
 }
 
-/// Whether this CPU can take the row-sparse path (AVX-512F as well as AVX2 and FMA).
+/// Whether this CPU can take the row-sparse path (AVX2 and FMA, with BMI1; AVX-512F for the
+/// sixteen-lane chains).
 pub fn sparse_available() -> bool {
     available() && sparse::available()
 }
@@ -387,8 +388,8 @@ unsafe fn sgemm_impl(
             return;
         }
         // A row-major A whose rows are mostly zeros (a ReLU output, its masked gradient)
-        // is multiplied by its non-zeros only, where the CPU has AVX-512 and the GEMM is
-        // large enough to pay for finding the non-zeros (see `sparse`).
+        // is multiplied by its non-zeros only, where the GEMM is large enough to pay for
+        // finding the non-zeros (see `sparse`).
         let sparse_a = allow_sparse
             && a.cs == 1
             && c.cs == 1
