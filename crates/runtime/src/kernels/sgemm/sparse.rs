@@ -354,17 +354,15 @@ mod avx2 {
         debug_assert!(cols <= HALF);
         // SAFETY: the caller's contract.
         unsafe {
-            {
-                match cols.div_ceil(8) {
-                    8 => chain_q::<8>(a, bits, b, c, cols, resume),
-                    7 => chain_q::<7>(a, bits, b, c, cols, resume),
-                    6 => chain_q::<6>(a, bits, b, c, cols, resume),
-                    5 => chain_q::<5>(a, bits, b, c, cols, resume),
-                    4 => chain_q::<4>(a, bits, b, c, cols, resume),
-                    3 => chain_q::<3>(a, bits, b, c, cols, resume),
-                    2 => chain_q::<2>(a, bits, b, c, cols, resume),
-                    _ => chain_q::<1>(a, bits, b, c, cols, resume),
-                }
+            match cols.div_ceil(8) {
+                8 => chain_q::<8>(a, bits, b, c, cols, resume),
+                7 => chain_q::<7>(a, bits, b, c, cols, resume),
+                6 => chain_q::<6>(a, bits, b, c, cols, resume),
+                5 => chain_q::<5>(a, bits, b, c, cols, resume),
+                4 => chain_q::<4>(a, bits, b, c, cols, resume),
+                3 => chain_q::<3>(a, bits, b, c, cols, resume),
+                2 => chain_q::<2>(a, bits, b, c, cols, resume),
+                _ => chain_q::<1>(a, bits, b, c, cols, resume),
             }
         }
     }
