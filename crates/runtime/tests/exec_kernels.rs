@@ -116,6 +116,21 @@ fn f64_inputs<const N: usize>(items: [(&str, Type, Vec<f64>); N]) -> HashMap<Str
         .collect()
 }
 
+/// An f32 tensor type of shape `d`.
+fn f32_type(d: &[usize]) -> Type {
+    Type::new(DType::F32, d.to_vec())
+}
+
+/// A dot batched over dim 0 of both operands, contracting lhs dim `lc` with rhs dim `rc`.
+fn batched(lc: usize, rc: usize) -> DotDims {
+    DotDims {
+        lhs_batch: vec![0],
+        rhs_batch: vec![0],
+        lhs_contract: vec![lc],
+        rhs_contract: vec![rc],
+    }
+}
+
 fn same(a: f64, b: f64) -> bool {
     (a.is_nan() && b.is_nan()) || (a == b && a.is_sign_negative() == b.is_sign_negative())
 }
@@ -1714,7 +1729,7 @@ fn masked_dots_summed_over_part_of_their_columns_keep_the_product() {
 }
 
 /// An expert FFN's down-projection reads a ReLU output, and the input gradient reads the
-/// ReLU-masked gradient: row-major lhs operands about half zeros. Where the CPU has AVX-512
+/// ReLU-masked gradient: row-major lhs operands about half zeros. Where the CPU has AVX2
 /// their GEMMs take the row-sparse path, which must give the dense GEMM's bits (NaN in the
 /// lhs, an inf in the rhs, contractions over two `KC` blocks and under one column group
 /// included) and match the reference within the contraction tolerance.
@@ -1722,19 +1737,12 @@ fn masked_dots_summed_over_part_of_their_columns_keep_the_product() {
 fn relu_sparse_dots_give_the_dense_bits() {
     use runtime::kernels::sgemm;
     let (e, t, m, h) = (2, 96, 64, 320);
-    let ty = |d: &[usize]| Type::new(DType::F32, d.to_vec());
-    let batched = |lc: usize, rc: usize| DotDims {
-        lhs_batch: vec![0],
-        rhs_batch: vec![0],
-        lhs_contract: vec![lc],
-        rhs_contract: vec![rc],
-    };
     let build = |abs: bool| {
         let b = Builder::new();
-        let act = b.param("act", ty(&[e, t, h]));
-        let gm = b.param("gm", ty(&[e, t, h]));
-        let v = b.param("v", ty(&[e, h, m]));
-        let w = b.param("w", ty(&[e, m, h]));
+        let act = b.param("act", f32_type(&[e, t, h]));
+        let gm = b.param("gm", f32_type(&[e, t, h]));
+        let v = b.param("v", f32_type(&[e, h, m]));
+        let w = b.param("w", f32_type(&[e, m, h]));
         let f = |x: &ir::Value| if abs { x.abs() } else { x.clone() };
         // y = act · v (the down-projection), dx = gm · w^T (the input gradient).
         b.output("y", &f(&act).dot_general(&f(&v), batched(2, 1)));
@@ -1762,10 +1770,10 @@ fn relu_sparse_dots_give_the_dense_bits() {
     v[(h + h - 2) * m + 5] = f64::INFINITY;
     let w: Vec<f64> = (0..e * m * h).map(|_| rng.unit() - 0.5).collect();
     let ins = f64_inputs([
-        ("act", ty(&[e, t, h]), act),
-        ("gm", ty(&[e, t, h]), gm),
-        ("v", ty(&[e, h, m]), v),
-        ("w", ty(&[e, m, h]), w),
+        ("act", f32_type(&[e, t, h]), act),
+        ("gm", f32_type(&[e, t, h]), gm),
+        ("v", f32_type(&[e, h, m]), v),
+        ("w", f32_type(&[e, m, h]), w),
     ]);
     // One pool thread: every GEMM runs whole on it (a split over many threads could put
     // each part under the path's size threshold), and its counter is read there.
@@ -1793,7 +1801,7 @@ fn relu_sparse_dots_give_the_dense_bits() {
     if sgemm::sparse_available() {
         assert!(blocks > 0, "the row-sparse path did not run");
     } else {
-        eprintln!("note: no AVX-512F here, so both runs took the dense GEMM");
+        eprintln!("note: no AVX2 and FMA here, so both runs took the dense GEMM");
     }
     for name in ["y", "dx"] {
         let (d, s) = (dense[name].to_f64_vec(), sparse[name].to_f64_vec());
@@ -1820,20 +1828,13 @@ fn relu_sparse_dots_give_the_dense_bits() {
 #[test]
 fn coded_relus_give_the_bits_of_kept_pre_activations() {
     let (e, t, m, h) = (2, 48, 32, 96);
-    let ty = |d: &[usize]| Type::new(DType::F32, d.to_vec());
-    let batched = |lc: usize, rc: usize| DotDims {
-        lhs_batch: vec![0],
-        rhs_batch: vec![0],
-        lhs_contract: vec![lc],
-        rhs_contract: vec![rc],
-    };
     // `keep_a`: `a` is an output too; `relu_elsewhere`: the ReLU is also read by a multiply.
     let build = |keep_a: bool, relu_elsewhere: bool| {
         let b = Builder::new();
-        let x = b.param("x", ty(&[e, t, m]));
-        let wi = b.param("wi", ty(&[e, m, h]));
-        let wo = b.param("wo", ty(&[e, h, m]));
-        let dy = b.param("dy", ty(&[e, t, m]));
+        let x = b.param("x", f32_type(&[e, t, m]));
+        let wi = b.param("wi", f32_type(&[e, m, h]));
+        let wo = b.param("wo", f32_type(&[e, h, m]));
+        let dy = b.param("dy", f32_type(&[e, t, m]));
         let a = x.dot_general(&wi, batched(2, 1));
         let relu = a.max(0.0);
         b.output("y", &relu.dot_general(&wo, batched(2, 1)));
@@ -1869,10 +1870,10 @@ fn coded_relus_give_the_bits_of_kept_pre_activations() {
     let wo: Vec<f64> = (0..e * h * m).map(|_| rng.unit() - 0.5).collect();
     let dy: Vec<f64> = (0..e * t * m).map(|_| rng.unit() - 0.5).collect();
     let ins = f64_inputs([
-        ("x", ty(&[e, t, m]), x),
-        ("wi", ty(&[e, m, h]), wi),
-        ("wo", ty(&[e, h, m]), wo),
-        ("dy", ty(&[e, t, m]), dy),
+        ("x", f32_type(&[e, t, m]), x),
+        ("wi", f32_type(&[e, m, h]), wi),
+        ("wo", f32_type(&[e, h, m]), wo),
+        ("dy", f32_type(&[e, t, m]), dy),
     ]);
     let run = |p: &Program| {
         let exe = Executable::new(p).unwrap();

@@ -16,10 +16,11 @@
 //! (FMA-rounded), one `KC` block after the other; the order never depends on the thread
 //! split or the position of the tile, so a split GEMM is bitwise equal to an unsplit one.
 //!
-//! **Row-sparse `A`** ([`sparse`]; sixteen-lane chains on AVX-512, eight-lane ones on AVX2):
-//! a row-major `A` of which a sample of rows is at most 60 % non-zero (a ReLU output, or a gradient masked by one: two of an MoE expert's
-//! six GEMMs) is multiplied by its non-zeros only, each one a broadcast against a packed row
-//! of `B` into sixteen-lane accumulators. A column-major one is first copied row-major
+//! **Row-sparse `A`** ([`sparse`]): a row-major `A` of which a sample of rows is at most
+//! 60 % non-zero (a ReLU output, or a gradient masked by one: two of an MoE expert's six
+//! GEMMs) is multiplied by its non-zeros only, each one a broadcast against a packed row of
+//! `B` into sixteen-lane accumulators (AVX-512) or eight-lane ones (AVX2, two passes per
+//! 128-column group). A column-major one is first copied row-major
 //! (the ReLU output read transposed in the down-projection's weight gradient `h^T dy`, and
 //! the masked gradient in the up-projection's `dh'^T x`, whose result is stored transposed:
 //! it is computed row-major, then stored by register transposes; four of the six). The

@@ -45,6 +45,23 @@
 //! the masks' pass brought all rows' slices into L1 over `B`), and groups packed 64
 //! columns wide (161-164 us: each row's mask, prefetches and call overhead twice).
 
+/// `f::<q>(args)`: the chain instance with `q` accumulators (1 to 8), for either width.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_accumulators {
+    ($q:expr, $f:ident($($arg:expr),*)) => {
+        match $q {
+            8 => $f::<8>($($arg),*),
+            7 => $f::<7>($($arg),*),
+            6 => $f::<6>($($arg),*),
+            5 => $f::<5>($($arg),*),
+            4 => $f::<4>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            _ => $f::<1>($($arg),*),
+        }
+    };
+}
+
 /// Steps of one slice: its block of `B` (`SLICE x 128` floats, 32 KiB) stays in L1.
 pub(super) const SLICE: usize = 64;
 /// Rows ahead whose slice of `A` is prefetched.
@@ -62,13 +79,14 @@ thread_local! {
     pub(super) static THREAD_BLOCKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Whether this CPU runs the kernel: AVX-512F (sixteen-lane chains) or AVX2 and FMA
-/// (eight-lane ones), and BMI1 for the chain's `tzcnt` and `blsr`.
+/// Whether this CPU runs the kernel: AVX2 and FMA for the eight-lane chains (the
+/// sixteen-lane ones run where the dense kernel takes its AVX-512 tiles), and BMI1 for the
+/// chain's `tzcnt` and `blsr`.
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        (crate::kernels::has_avx512f()
-            || (std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")))
+        std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
             && std::is_x86_feature_detected!("bmi1")
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -247,18 +265,7 @@ mod avx512 {
     ) {
         debug_assert!(cols <= GROUP);
         // SAFETY: the caller's contract.
-        unsafe {
-            match cols.div_ceil(16) {
-                8 => chain_q::<8>(a, bits, b, c, cols, resume),
-                7 => chain_q::<7>(a, bits, b, c, cols, resume),
-                6 => chain_q::<6>(a, bits, b, c, cols, resume),
-                5 => chain_q::<5>(a, bits, b, c, cols, resume),
-                4 => chain_q::<4>(a, bits, b, c, cols, resume),
-                3 => chain_q::<3>(a, bits, b, c, cols, resume),
-                2 => chain_q::<2>(a, bits, b, c, cols, resume),
-                _ => chain_q::<1>(a, bits, b, c, cols, resume),
-            }
-        }
+        unsafe { by_accumulators!(cols.div_ceil(16), chain_q(a, bits, b, c, cols, resume)) }
     }
 
     /// [`chain`] with `Q` 16-column accumulators.
@@ -353,18 +360,7 @@ mod avx2 {
     ) {
         debug_assert!(cols <= HALF);
         // SAFETY: the caller's contract.
-        unsafe {
-            match cols.div_ceil(8) {
-                8 => chain_q::<8>(a, bits, b, c, cols, resume),
-                7 => chain_q::<7>(a, bits, b, c, cols, resume),
-                6 => chain_q::<6>(a, bits, b, c, cols, resume),
-                5 => chain_q::<5>(a, bits, b, c, cols, resume),
-                4 => chain_q::<4>(a, bits, b, c, cols, resume),
-                3 => chain_q::<3>(a, bits, b, c, cols, resume),
-                2 => chain_q::<2>(a, bits, b, c, cols, resume),
-                _ => chain_q::<1>(a, bits, b, c, cols, resume),
-            }
-        }
+        unsafe { by_accumulators!(cols.div_ceil(8), chain_q(a, bits, b, c, cols, resume)) }
     }
 
     /// Lane mask (all ones in a lane's sign bit) of the first `n` of 8 lanes.
