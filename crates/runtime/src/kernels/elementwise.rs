@@ -1392,13 +1392,11 @@ fn run_special<T: Store>(
     let LaneMut::F(o) = T::direct(out) else {
         return false;
     };
+    // `d` must be read from its input (the in-place one's is ignored), stored as f32.
     let range = start..start + o.len();
-    let Data::F32(ds) = inputs[r.d] else {
+    let (false, Data::F32(ds)) = (Some(r.d) == inplace, inputs[r.d]) else {
         return false;
     };
-    if Some(r.d) == inplace {
-        return false;
-    }
     let gs = if Some(r.g) == inplace {
         pre
     } else {

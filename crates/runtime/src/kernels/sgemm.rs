@@ -38,6 +38,19 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// `f::<n>(args)` for a run-time `n` among the listed constants, `f::<1>` for any other: one
+/// instance of a const-generic kernel per tile height (the AVX2 tile) or accumulator count
+/// (the sparse chains).
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_count {
+    ($n:expr, [$($k:literal),*], $f:ident $args:tt) => {
+        match $n {
+            $($k => $f::<$k> $args,)*
+            _ => $f::<1> $args,
+        }
+    };
+}
+
 mod sparse;
 mod wide;
 
@@ -1143,20 +1156,6 @@ mod avx2 {
         }
     }
 
-    /// `f::<mr>(args)`: the kernel instance of a tile's height (1 to 6).
-    macro_rules! by_height {
-        ($mr:expr, $f:ident($($arg:expr),*)) => {
-            match $mr {
-                6 => $f::<6>($($arg),*),
-                5 => $f::<5>($($arg),*),
-                4 => $f::<4>($($arg),*),
-                3 => $f::<3>($($arg),*),
-                2 => $f::<2>($($arg),*),
-                _ => $f::<1>($($arg),*),
-            }
-        };
-    }
-
     /// One `mr x nr` tile from a packed A panel: [`kernel`] with exactly `mr` rows
     /// (a partial tile computes only its own rows).
     ///
@@ -1175,7 +1174,7 @@ mod avx2 {
         first: bool,
     ) {
         // SAFETY: the caller's contract, with `R == mr`.
-        unsafe { by_height!(mr, kernel(kc, a, b, c, cs, nr, first)) }
+        unsafe { by_count!(mr, [6, 5, 4, 3, 2], kernel(kc, a, b, c, cs, nr, first)) }
     }
 
     /// One `mr x nr` tile reading A in place: [`kernel_rows`] with exactly `mr` rows.
@@ -1195,7 +1194,7 @@ mod avx2 {
         first: bool,
     ) {
         // SAFETY: the caller's contract, with `R == mr`.
-        unsafe { by_height!(mr, kernel_rows(kc, a, b, c, cs, nr, first)) }
+        unsafe { by_count!(mr, [6, 5, 4, 3, 2], kernel_rows(kc, a, b, c, cs, nr, first)) }
     }
 
     /// Transpose eight rows of eight floats (row `i` of the result is column `i`).

@@ -45,23 +45,6 @@
 //! the masks' pass brought all rows' slices into L1 over `B`), and groups packed 64
 //! columns wide (161-164 us: each row's mask, prefetches and call overhead twice).
 
-/// `f::<q>(args)`: the chain instance with `q` accumulators (1 to 8), for either width.
-#[cfg(target_arch = "x86_64")]
-macro_rules! by_accumulators {
-    ($q:expr, $f:ident($($arg:expr),*)) => {
-        match $q {
-            8 => $f::<8>($($arg),*),
-            7 => $f::<7>($($arg),*),
-            6 => $f::<6>($($arg),*),
-            5 => $f::<5>($($arg),*),
-            4 => $f::<4>($($arg),*),
-            3 => $f::<3>($($arg),*),
-            2 => $f::<2>($($arg),*),
-            _ => $f::<1>($($arg),*),
-        }
-    };
-}
-
 /// Steps of one slice: its block of `B` (`SLICE x 128` floats, 32 KiB) stays in L1.
 pub(super) const SLICE: usize = 64;
 /// Rows ahead whose slice of `A` is prefetched.
@@ -265,7 +248,13 @@ mod avx512 {
     ) {
         debug_assert!(cols <= GROUP);
         // SAFETY: the caller's contract.
-        unsafe { by_accumulators!(cols.div_ceil(16), chain_q(a, bits, b, c, cols, resume)) }
+        unsafe {
+            by_count!(
+                cols.div_ceil(16),
+                [8, 7, 6, 5, 4, 3, 2],
+                chain_q(a, bits, b, c, cols, resume)
+            )
+        }
     }
 
     /// [`chain`] with `Q` 16-column accumulators.
@@ -360,7 +349,13 @@ mod avx2 {
     ) {
         debug_assert!(cols <= HALF);
         // SAFETY: the caller's contract.
-        unsafe { by_accumulators!(cols.div_ceil(8), chain_q(a, bits, b, c, cols, resume)) }
+        unsafe {
+            by_count!(
+                cols.div_ceil(8),
+                [8, 7, 6, 5, 4, 3, 2],
+                chain_q(a, bits, b, c, cols, resume)
+            )
+        }
     }
 
     /// Lane mask (all ones in a lane's sign bit) of the first `n` of 8 lanes.
