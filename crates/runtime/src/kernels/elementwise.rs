@@ -1374,7 +1374,9 @@ fn relu_grad(r: &ReluGrad, ds: &[f32], gs: Option<&[f32]>, o: &mut [f32]) {
 }
 
 /// Run `f` over `start..start + out.len()` with its one-pass kernel when it has one (an
-/// f32 output, inputs stored as f32). Returns whether it ran.
+/// f32 output, inputs stored as f32). Returns whether it ran. The group is matched on each
+/// call, as `plan` is: a few node lookups (most groups fail at the root) against at least
+/// one chunk of elements.
 fn run_special<T: Store>(
     f: &Fused,
     inputs: &[&Data],
