@@ -1168,7 +1168,7 @@ fn eval_node<'a>(
                 panic!("a coded ReLU reads and writes f32")
             };
             for (o, &x) in o.iter_mut().zip(x) {
-                *o = sel32(x < 0.0, -0.0, fmax32(x, 0.0));
+                *o = relu_code(x);
             }
         }
         Node::ReluDecode(a) => {
@@ -1176,7 +1176,7 @@ fn eval_node<'a>(
                 panic!("a coded ReLU's decode reads and writes f32")
             };
             for (o, &x) in o.iter_mut().zip(x) {
-                *o = sel32(x.to_bits() == 0x8000_0000, -1.0, x);
+                *o = relu_decode(x);
             }
         }
     }
@@ -1280,6 +1280,19 @@ impl Store for bool {
     }
 }
 
+/// [`Node::ReluCode`] of one value: `max(x, 0)`, but `-0` where `x < 0`.
+#[inline(always)]
+fn relu_code(x: f32) -> f32 {
+    sel32(x < 0.0, -0.0, fmax32(x, 0.0))
+}
+
+/// [`Node::ReluDecode`] of one value: `-1` where `x` is `-0` (a negative pre-activation),
+/// else `x`.
+#[inline(always)]
+fn relu_decode(x: f32) -> f32 {
+    sel32(x.to_bits() == 0x8000_0000, -1.0, x)
+}
+
 /// A group with a one-pass kernel of its own, the ReLU's derivative applied to a gradient:
 /// `g * select(d > c1, t, select(d == c2, u, v))` (the product in either order: it commutes),
 /// `g` and `d` f32 inputs, `d` read as is or through [`Node::ReluDecode`] (a coded ReLU), `c1, c2, t, u,
@@ -1351,11 +1364,7 @@ fn relu_grad(r: &ReluGrad, ds: &[f32], gs: Option<&[f32]>, o: &mut [f32]) {
     let n = o.len();
     let ds = &ds[..n];
     let factor = |x: f32| {
-        let d = if r.coded {
-            sel32(x.to_bits() == 0x8000_0000, -1.0, x)
-        } else {
-            x
-        };
+        let d = if r.coded { relu_decode(x) } else { x };
         sel32(d > r.c1, r.t, sel32(d == r.c2, r.u, r.v))
     };
     match gs {
@@ -1700,9 +1709,7 @@ mod tests {
         for coded in [false, true] {
             // A coded ReLU holds `-0` where the pre-activation was negative.
             let d_vals: Vec<f32> = if coded {
-                ds.iter()
-                    .map(|&x| sel32(x < 0.0, -0.0, fmax32(x, 0.0)))
-                    .collect()
+                ds.iter().map(|&x| relu_code(x)).collect()
             } else {
                 ds.clone()
             };
