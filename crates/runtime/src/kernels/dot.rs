@@ -23,15 +23,16 @@
 //!
 //! **Sparse path** (the one-hot dispatch/combine einsums of MoE): for a float dot with at
 //! least 16 flops per operand element, the executor lists the non-zeros of the lhs, then
-//! the rhs, at run time, in one pass over each ([`sparse_terms`]; a sampled dense operand
-//! is told apart first). An operand that is **at least 90 % zeros** while the other operand is all
+//! the rhs, at run time, in one pass over each ([`sparse_terms`]; a dense operand is told
+//! apart first, by samples or, when short, by a whole count). An operand that is **at least 90 % zeros** while the other operand is all
 //! finite (so skipping `0 * x` cannot hide a NaN) is multiplied sparsely: each non-zero
 //! `a[i,k]` adds `a[i,k] * b[k,:]` to `out[i,:]` (for a sparse rhs, `b[k,j]` adds
 //! `b[k,j] * a[:,k]` to `out[:,j]`). Every output element still sums its terms in increasing
 //! `k`, with the zero terms left out, so the result equals the dense product to rounding.
 //! Both operands are read in place through per-row and per-column offset tables (a
-//! `View`; no permuted copy), the sparse one along its contiguous direction with blocks
-//! of 16 zeros passed over in one test; the path then reads the list. A result whose rows
+//! `View`; no permuted copy), the sparse one along its contiguous direction, each block of
+//! 16 values compared with zero into one bit mask whose set bits alone are visited; the
+//! path then reads the list. A result whose rows
 //! (columns) are contiguous is written once: each one's first term onto zero, those
 //! without terms zero-filled. A fused output transpose whose row or column dims do not
 //! merge is written through the same kind of table.
