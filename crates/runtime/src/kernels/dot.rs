@@ -1608,11 +1608,8 @@ mod tests {
     use super::*;
     use ir::DotDims;
 
-    /// The spans a dot running before a batched dot fetches for it: batch entry 0 of each
-    /// operand read in place, nothing for a side that is copied to another order first, and
-    /// the results are the same with and without them.
-    /// The bit-mask walk visits exactly the non-zeros (NaN and `-0`'s neighbours included,
-    /// `-0` itself not), in order, across block boundaries and a short last block.
+    /// The bit-mask walk visits exactly the non-zeros (NaN included, `-0` not), in order,
+    /// across block boundaries and a short last block.
     #[test]
     fn for_nonzero_visits_every_non_zero_in_order() {
         for len in [0usize, 1, 15, 16, 17, 40, 128] {
@@ -1652,6 +1649,9 @@ mod tests {
         assert!(sparse_terms(&dense, &view, true).is_none());
     }
 
+    /// The spans a dot running before a batched dot fetches for it: batch entry 0 of each
+    /// operand read in place, nothing for a side that is copied to another order first, and
+    /// the results are the same with and without them.
     #[test]
     fn first_entry_spans_are_entry_zero_of_in_place_operands() {
         let (b, m, k, n) = (4usize, 6usize, 8usize, 5usize);
