@@ -29,6 +29,9 @@
 //!   masked product is read only by one sum over the product's column dims, the step
 //!   computes those sums itself (`Kind::MaskedDotSums`, [`dot_masked_sums`]): no product,
 //!   multiply or reduce pass over memory.
+//! - *Sums of products*: an f32 sum over every dim of a group `a * b` that nothing else
+//!   reads (a layer's loss `sum(y * dy)`) is one pass (`Kind::SumProduct`): the same f32
+//!   products added in the same f64 order, the product never written.
 //! - *Liveness*: each buffer (a value and its aliases) is released after the last step
 //!   that reads it; outputs are kept.
 //! - *Rounds*: small collectives (scalar losses, norms) wait to run in the round of the
@@ -166,6 +169,10 @@ enum Kind {
         keep: bool,
     },
     Kernel,
+    /// The f32 sum of every element of `a * b` (two f32 values of one shape), the multiply
+    /// group and the reduction that was its only reader in one pass ([`masked_row_sums`]
+    /// over one row): the step reads `a` and `b`.
+    SumProduct,
     /// A collective between segments; with `out_perm`, each device's result is written
     /// transposed by it (an all-to-all whose only reader is a transpose, which takes the
     /// result over: [`Kind::Move`]).
@@ -753,6 +760,70 @@ fn sum_masked_dots(p: &Program, steps: &mut Vec<Step>) {
     });
 }
 
+/// Turn each f32 sum over every dim of an f32 group `a * b` (two inputs of its shape, no
+/// other node), the group read by nothing else, into one [`Kind::SumProduct`] step that
+/// multiplies and adds in one pass: the loss `sum(y * dy)` of a layer's step. The sum is
+/// the reduction's (f64, in element order, from `+0`) over the group's f32 products, so
+/// the value is the same; the product is never written.
+fn sum_products(p: &Program, steps: &mut Vec<Step>) {
+    let (producer, readers) = producers_and_readers(steps);
+    let is_output = |v: usize| p.outputs.iter().any(|(_, o)| o.index() == v);
+    let f32_value = |v: usize| p.instrs[v].ty.dtype == DType::F32;
+    let mut dropped = vec![false; steps.len()];
+    for r in 0..steps.len() {
+        let ins = &p.instrs[steps[r].instr];
+        let (
+            Kind::Kernel,
+            Op::Reduce {
+                op: ir::ReduceOp::Sum,
+                dims,
+            },
+        ) = (&steps[r].kind, &ins.op)
+        else {
+            continue;
+        };
+        let [v] = steps[r].reads[..] else {
+            continue;
+        };
+        let rank = p.instrs[v].ty.shape.len();
+        if !f32_value(v) || !f32_value(steps[r].instr) || dims.len() != rank || is_output(v) {
+            continue;
+        }
+        let Some(&j) = producer.get(&v) else {
+            continue;
+        };
+        if readers.get(&v).map(Vec::as_slice) != Some(&[r][..]) || steps[j].also.is_some() {
+            continue;
+        }
+        let Kind::Fused { f, inputs, .. } = &steps[j].kind else {
+            continue;
+        };
+        let product = matches!(
+            f.nodes.as_slice(),
+            [
+                (Node::Input(0), DType::F32),
+                (Node::Input(1), DType::F32),
+                (Node::Binary(ir::BinaryOp::Mul, 0, 1), DType::F32),
+            ]
+        );
+        let same = |u: usize| f32_value(u) && p.instrs[u].ty.shape == p.instrs[v].ty.shape;
+        if !product || inputs.len() != 2 || !inputs.iter().all(|&u| same(u)) {
+            continue;
+        }
+        let (a, b) = (inputs[0], inputs[1]);
+        dropped[j] = true;
+        let s = &mut steps[r];
+        s.kind = Kind::SumProduct;
+        s.reads = vec![a, b];
+        s.label = format!("{} +product %{v}", s.label);
+    }
+    let mut k = 0;
+    steps.retain(|_| {
+        k += 1;
+        !dropped[k - 1]
+    });
+}
+
 /// Merge each f32 dot with an f32 elementwise group that reads it into one
 /// [`Kind::DotFused`] step: every batch entry of the product goes through the group right
 /// after its GEMM, while it is in cache, instead of in a second pass over memory (the ReLU
@@ -1178,6 +1249,7 @@ impl Executable {
             mask_dots(p, &mut steps);
             sum_masked_dots(p, &mut steps);
             fuse_dot_epilogues(p, &mut steps);
+            sum_products(p, &mut steps);
         }
         let mut steps = coalesce_collectives(p, steps);
         // Buffer classes and liveness (of the reordered steps).
@@ -2050,6 +2122,16 @@ impl Dev<'_> {
                     kernel(&exe.program, ins, &args, &mut out);
                     out
                 };
+                self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
+            }
+            Kind::SumProduct => {
+                let mut out = self.alloc(&ins.ty);
+                match (self.data(s.reads[0]), self.data(s.reads[1]), &mut out) {
+                    (Data::F32(a), Data::F32(b), Data::F32(o)) => {
+                        masked_row_sums(a.len(), a, b, &mut o[..1])
+                    }
+                    _ => unreachable!("sums of products are f32"),
+                }
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }
             Kind::Collective { .. } => unreachable!("collectives run between segments"),

@@ -1918,3 +1918,47 @@ fn coded_relus_give_the_bits_of_kept_pre_activations() {
     let (elsewhere, _) = run(&build(false, true));
     assert_eq!(elsewhere, 0, "a ReLU read by a multiply keeps its +0s");
 }
+
+/// A sum over every dim of a product `x * y` read by nothing else runs as one pass that
+/// never writes the product, with the bits of the multiply and the f64 sum run apart
+/// (signed zeros, NaN and infinities among the values); a product also read elsewhere, or
+/// summed over some dims only, keeps its group.
+#[test]
+fn sums_of_products_fold_the_multiply() {
+    let ty = f32_type(&[4, 8, 16]);
+    let b = Builder::new();
+    let x = b.param("x", ty.clone());
+    let y = b.param("y", ty.clone());
+    b.output("loss", &x.mul(&y).sum_all());
+    let shared = y.mul(&x);
+    b.output("kept", &shared.sum_all());
+    b.output("also", &shared.add(&x));
+    b.output("rows", &x.mul(&y).sum(&[2]));
+    let p = b.finish();
+    let exe = Executable::new(&p).unwrap();
+    let labels: Vec<String> = {
+        let prof = Profiler::new();
+        let mut rng = Rng(5);
+        let ins: HashMap<String, HostTensor> = [("x", &ty), ("y", &ty)]
+            .into_iter()
+            .map(|(n, t)| (n.to_string(), rng.tensor(t, false)))
+            .collect();
+        exe.run(&InProcess::new(1), std::slice::from_ref(&ins), Some(&prof))
+            .unwrap();
+        prof.events().iter().map(|e| e.name.clone()).collect()
+    };
+    assert_eq!(
+        labels.iter().filter(|l| l.contains("+product")).count(),
+        1,
+        "only the loss folds its product: {labels:?}"
+    );
+    for seed in 0..8 {
+        let mut rng = Rng(seed);
+        let ins: HashMap<String, HostTensor> = [("x", &ty), ("y", &ty)]
+            .into_iter()
+            .map(|(n, t)| (n.to_string(), rng.tensor(t, seed % 2 == 1)))
+            .collect();
+        let (got, want) = run_both(&p, &ins);
+        assert_exact(&p, &got, &want);
+    }
+}
