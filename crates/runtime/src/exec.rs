@@ -588,6 +588,22 @@ fn identity_op(p: &Program, i: usize, op: &Op) -> bool {
     }
 }
 
+/// Whether value `v` is one of the program's outputs.
+fn is_output(p: &Program, v: usize) -> bool {
+    p.outputs.iter().any(|(_, o)| o.index() == v)
+}
+
+/// Whether value `v` is f32.
+fn f32_value(p: &Program, v: usize) -> bool {
+    p.instrs[v].ty.dtype == DType::F32
+}
+
+/// Remove the steps marked in `marked` (one flag per step), keeping the order of the rest.
+fn remove_marked(steps: &mut Vec<Step>, marked: &[bool]) {
+    let mut flags = marked.iter();
+    steps.retain(|_| !flags.next().copied().unwrap_or(false));
+}
+
 /// The step producing each value, and the steps reading it (in order, each once).
 fn producers_and_readers(steps: &[Step]) -> (HashMap<usize, usize>, HashMap<usize, Vec<usize>>) {
     let mut producer: HashMap<usize, usize> = HashMap::new();
@@ -610,14 +626,13 @@ fn producers_and_readers(steps: &[Step]) -> (HashMap<usize, usize>, HashMap<usiz
 /// sum (when finite; checked at run time), so only the masked-in values are computed.
 fn mask_dots(p: &Program, steps: &mut [Step]) {
     let (producer, readers) = producers_and_readers(steps);
-    let is_output = |v: usize| p.outputs.iter().any(|(_, o)| o.index() == v);
-    let f32_value = |v: usize| p.instrs[v].ty.dtype == DType::F32;
     for d in 0..steps.len() {
         let Kind::Dot(_) = &steps[d].kind else {
             continue;
         };
         let dv = steps[d].instr;
-        if !f32_value(dv) || is_output(dv) || !steps[d].reads.iter().all(|&v| f32_value(v)) {
+        if !f32_value(p, dv) || is_output(p, dv) || !steps[d].reads.iter().all(|&v| f32_value(p, v))
+        {
             continue;
         }
         let rs = readers.get(&dv).map(Vec::as_slice).unwrap_or(&[]);
@@ -638,7 +653,7 @@ fn mask_dots(p: &Program, steps: &mut [Step]) {
             };
             let (mask, gv) = (inputs[other], steps[j].instr);
             let reads_both = (*x == 0 && *y == 1) || (*x == 1 && *y == 0);
-            let summed = !is_output(gv)
+            let summed = !is_output(p, gv)
                 && readers.get(&gv).is_some_and(|us| {
                     us.iter().all(|&u| {
                         matches!(steps[u].kind, Kind::Kernel)
@@ -652,8 +667,8 @@ fn mask_dots(p: &Program, steps: &mut [Step]) {
                     })
                 });
             (reads_both
-                && f32_value(mask)
-                && f32_value(gv)
+                && f32_value(p, mask)
+                && f32_value(p, gv)
                 && f.len == p.instrs[dv].ty.num_elements()
                 && p.instrs[mask].ty.num_elements() == f.len
                 && producer.get(&mask).is_some_and(|&q| q < d)
@@ -753,11 +768,7 @@ fn sum_masked_dots(p: &Program, steps: &mut Vec<Step>) {
                 .collect(),
         };
     }
-    let mut k = 0;
-    steps.retain(|_| {
-        k += 1;
-        !dropped[k - 1]
-    });
+    remove_marked(steps, &dropped);
 }
 
 /// Turn each f32 sum over every dim of an f32 group `a * b` (two inputs of its shape, no
@@ -767,8 +778,6 @@ fn sum_masked_dots(p: &Program, steps: &mut Vec<Step>) {
 /// the value is the same; the product is never written.
 fn sum_products(p: &Program, steps: &mut Vec<Step>) {
     let (producer, readers) = producers_and_readers(steps);
-    let is_output = |v: usize| p.outputs.iter().any(|(_, o)| o.index() == v);
-    let f32_value = |v: usize| p.instrs[v].ty.dtype == DType::F32;
     let mut dropped = vec![false; steps.len()];
     for r in 0..steps.len() {
         let ins = &p.instrs[steps[r].instr];
@@ -786,7 +795,11 @@ fn sum_products(p: &Program, steps: &mut Vec<Step>) {
             continue;
         };
         let rank = p.instrs[v].ty.shape.len();
-        if !f32_value(v) || !f32_value(steps[r].instr) || dims.len() != rank || is_output(v) {
+        if !f32_value(p, v)
+            || !f32_value(p, steps[r].instr)
+            || dims.len() != rank
+            || is_output(p, v)
+        {
             continue;
         }
         let Some(&j) = producer.get(&v) else {
@@ -806,7 +819,7 @@ fn sum_products(p: &Program, steps: &mut Vec<Step>) {
                 (Node::Binary(ir::BinaryOp::Mul, 0, 1), DType::F32),
             ]
         );
-        let same = |u: usize| f32_value(u) && p.instrs[u].ty.shape == p.instrs[v].ty.shape;
+        let same = |u: usize| f32_value(p, u) && p.instrs[u].ty.shape == p.instrs[v].ty.shape;
         if !product || inputs.len() != 2 || !inputs.iter().all(|&u| same(u)) {
             continue;
         }
@@ -817,11 +830,7 @@ fn sum_products(p: &Program, steps: &mut Vec<Step>) {
         s.reads = vec![a, b];
         s.label = format!("{} +product %{v}", s.label);
     }
-    let mut k = 0;
-    steps.retain(|_| {
-        k += 1;
-        !dropped[k - 1]
-    });
+    remove_marked(steps, &dropped);
 }
 
 /// Merge each f32 dot with an f32 elementwise group that reads it into one
@@ -833,19 +842,17 @@ fn sum_products(p: &Program, steps: &mut Vec<Step>) {
 /// group's.
 fn fuse_dot_epilogues(p: &Program, steps: &mut Vec<Step>) {
     let (producer, readers) = producers_and_readers(steps);
-    let is_output = |v: usize| p.outputs.iter().any(|(_, o)| o.index() == v);
-    let f32_value = |v: usize| p.instrs[v].ty.dtype == DType::F32;
     let mut gone = vec![false; steps.len()];
     for d in 0..steps.len() {
         let Kind::Dot(plan) = &steps[d].kind else {
             continue;
         };
         let dv = steps[d].instr;
-        if gone[d] || plan.writes_transposed() || !steps[d].reads.iter().all(|&v| f32_value(v)) {
+        if gone[d] || plan.writes_transposed() || !steps[d].reads.iter().all(|&v| f32_value(p, v)) {
             continue;
         }
         let rs = readers.get(&dv).map(Vec::as_slice).unwrap_or(&[]);
-        let keep = rs.len() > 1 || is_output(dv);
+        let keep = rs.len() > 1 || is_output(p, dv);
         let Some((j, slot, early)) = rs.iter().find_map(|&j| {
             let Kind::Fused {
                 f,
@@ -860,7 +867,7 @@ fn fuse_dot_epilogues(p: &Program, steps: &mut Vec<Step>) {
                 .iter()
                 .all(|&v| v == dv || producer.get(&v).is_some_and(|&q| q < d));
             (!gone[j]
-                && f32_value(steps[j].instr)
+                && f32_value(p, steps[j].instr)
                 && f.len == p.instrs[dv].ty.num_elements()
                 && inplace_ok[slot]
                 && (others_ready || !keep))
@@ -900,11 +907,7 @@ fn fuse_dot_epilogues(p: &Program, steps: &mut Vec<Step>) {
         steps[at] = merged;
         gone[drop] = true;
     }
-    let mut k = 0;
-    steps.retain(|_| {
-        k += 1;
-        !gone[k - 1]
-    });
+    remove_marked(steps, &gone);
 }
 
 /// Reorder the steps so that small collectives (scalar losses, norms, counts: operands under
