@@ -1872,7 +1872,13 @@ impl Dev<'_> {
             out,
             tail,
         );
-        let copied = match plan.copies() {
+        // Only the dense GEMM reads permuted copies; the sparse walks read in place.
+        let copies = if path == DotPath::Dense {
+            plan.copies()
+        } else {
+            (false, false)
+        };
+        let copied = match copies {
             (false, false) => "",
             (true, false) => " (lhs copied)",
             (false, true) => " (rhs copied)",

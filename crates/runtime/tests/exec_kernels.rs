@@ -671,9 +671,10 @@ proptest! {
 }
 
 /// The one-hot MoE einsums large enough for the sparse paths: dispatch `GSEC,GSM->EGCM`
-/// (sparse lhs), combine `GSEC,EGCM->GSM` (sparse lhs, rhs copied), and the backward
-/// `EGCM,GSEC->GMS`-like products (sparse rhs); each must take the sparse path and equal
-/// the dense reference; a NaN in the dense operand forces the dense path.
+/// (sparse lhs), combine `GSEC,EGCM->GSM` (sparse lhs; its rhs, whose strides do not
+/// merge, read in place), and the backward `EGCM,GSEC->GMS`-like products (sparse rhs);
+/// each must take the sparse path and equal the dense reference; a NaN in the dense operand
+/// forces the dense path.
 #[test]
 fn one_hot_einsums_take_the_sparse_path_and_match() {
     let (g, s, e, c, m) = (2usize, 32, 8, 4, 64);
@@ -801,6 +802,29 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
     assert!(paths[4].starts_with("SparseRhs"), "{paths:?}");
     assert!(paths[5].starts_with("SparseRhs"), "{paths:?}");
     assert!(paths[6].starts_with("SparseRhs"), "{paths:?}");
+    // The sparse walks read the dense operand through its strides, never a copy, and the
+    // profile says so (the combine's and `back3`'s dense operands do not merge).
+    assert!(paths.iter().all(|d| !d.contains("copied")), "{paths:?}");
+    // With a NaN in the combine's dense operand, its GEMM reads a permuted copy, named.
+    let mut bad = ins.clone();
+    let mut eos = ins["eo"].to_f64_vec();
+    eos[3] = f64::NAN;
+    bad.insert(
+        "eo".into(),
+        HostTensor::from_f64_values(ins["eo"].ty.clone(), &eos),
+    );
+    let (_, prof) = run_profiled(&p, &bad);
+    let combine_detail = prof
+        .events()
+        .into_iter()
+        .filter(|e| e.cat == "dot")
+        .map(|e| e.detail)
+        .nth(1)
+        .expect("the combine's event");
+    assert!(
+        combine_detail.starts_with("gemm Dense") && combine_detail.contains("(rhs copied)"),
+        "{combine_detail}"
+    );
     // A NaN in the dense operand: the dense path, and the NaNs the reference produces.
     let mut xs = ins["x"].to_f64_vec();
     xs[5] = f64::NAN;
