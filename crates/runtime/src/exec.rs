@@ -1872,13 +1872,7 @@ impl Dev<'_> {
             out,
             tail,
         );
-        // Only the dense GEMM reads permuted copies; the sparse walks read in place.
-        let copies = if path == DotPath::Dense {
-            plan.copies()
-        } else {
-            (false, false)
-        };
-        let copied = match copies {
+        let copied = match plan.copies(path) {
             (false, false) => "",
             (true, false) => " (lhs copied)",
             (false, true) => " (rhs copied)",

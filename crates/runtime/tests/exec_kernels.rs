@@ -788,12 +788,14 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
         let bound = HostTensor::from_f64(w.shape().to_vec(), vec![scale * 4.0; w.num_elements()]);
         assert_bounded(name, &got[name], w, &bound, 1e-6, 1e-6);
     }
-    let paths: Vec<String> = prof
-        .events()
-        .into_iter()
-        .filter(|e| e.cat == "dot")
-        .map(|e| e.detail)
-        .collect();
+    let dot_details = |prof: &Profiler| -> Vec<String> {
+        prof.events()
+            .into_iter()
+            .filter(|e| e.cat == "dot")
+            .map(|e| e.detail)
+            .collect()
+    };
+    let paths = dot_details(&prof);
     assert_eq!(paths.len(), 7, "{paths:?}");
     assert!(paths[0].starts_with("SparseLhs"), "{paths:?}");
     assert!(paths[1].starts_with("SparseLhs"), "{paths:?}");
@@ -814,12 +816,9 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
         HostTensor::from_f64_values(ins["eo"].ty.clone(), &eos),
     );
     let (_, prof) = run_profiled(&p, &bad);
-    let combine_detail = prof
-        .events()
-        .into_iter()
-        .filter(|e| e.cat == "dot")
-        .map(|e| e.detail)
-        .nth(1)
+    let combine_detail = dot_details(&prof)
+        .get(1)
+        .cloned()
         .expect("the combine's event");
     assert!(
         combine_detail.starts_with("gemm Dense") && combine_detail.contains("(rhs copied)"),

@@ -334,9 +334,14 @@ impl DotPlan {
         2.0 * self.b as f64 * self.m as f64 * self.n as f64 * self.k as f64
     }
 
-    /// Whether either operand needs a permuted copy.
-    pub fn copies(&self) -> (bool, bool) {
-        (self.lhs.perm.is_some(), self.rhs.perm.is_some())
+    /// Which operands `(lhs, rhs)` a dot that took `path` read through a permuted copy:
+    /// only the dense GEMM copies an operand whose strides do not merge; the sparse paths
+    /// read both in place through their offset tables.
+    pub fn copies(&self, path: DotPath) -> (bool, bool) {
+        match path {
+            DotPath::Dense => (self.lhs.perm.is_some(), self.rhs.perm.is_some()),
+            _ => (false, false),
+        }
     }
 
     /// The `(address, floats)` spans of batch entry 0 of the operands `l` and `r` as this
