@@ -4,7 +4,9 @@
 # back to back, alternating (who goes first alternates by round), for several rounds, at 1
 # and 8 devices, on the shape G=128 S=128 E=128 M=256 H=1024 C=2 and a smaller one.
 # Prints one JSON line per run and a table of medians with the ratios ours/JAX (step time;
-# partition+prepare vs lower+compile), and the median (and range) of each round's own ratio.
+# partition+prepare vs lower+compile), the median (and range) of each round's own ratio, and
+# the core's FMA rate measured around each of our runs (`core_fma_gflops`: on a shared host
+# it drops by a third in slow spells, and GEMM-bound steps slow with it).
 #
 # Usage: bench/compare_jax.sh [ANCHOR_DIR]     (run from anywhere; builds target/release)
 #   ANCHOR_DIR or $JAX_ANCHOR: the JAX harness (default: ../shared/anchors/jax relative to
@@ -89,8 +91,8 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 keys = sorted({(r["shape"], r["devices"]) for r in rows}, key=lambda k: (k[0] != "large", k[1]))
 print()
-print("| shape | devices | ours step s | JAX step s | step ours/JAX | paired ours/JAX (range) | ours GFLOP/s | ours partition+prepare s | JAX lower+compile s | compile ours/JAX | ours peak MiB/device | ours a2a bytes (analytic) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| shape | devices | ours step s | JAX step s | step ours/JAX | paired ours/JAX (range) | ours GFLOP/s | core FMA GFLOP/s (range) | ours partition+prepare s | JAX lower+compile s | compile ours/JAX | ours peak MiB/device | ours a2a bytes (analytic) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for shape, d in keys:
     o = [r for r in rows if r["shape"] == shape and r["devices"] == d and r["who"] == "ours"]
     j = [r for r in rows if r["shape"] == shape and r["devices"] == d and r["who"] == "jax"]
@@ -101,8 +103,11 @@ for shape, d in keys:
     # Each round's ratio (the two runs were back to back), then their median.
     jr = {x["round"]: x["step_seconds"] for x in j}
     pr = sorted(x["step_seconds"] / jr[x["round"]] for x in o if x["round"] in jr)
+    # The core's FMA rate around each of our runs (a shared host's slow spells).
+    fma = sorted(x["raw"]["core_fma_gflops"] for x in o if x["raw"].get("core_fma_gflops"))
+    fma_s = f"{statistics.median(fma):.0f} ({fma[0]:.0f}-{fma[-1]:.0f})" if fma else "-"
     print(f"| {shape} | {d} | {os_:.3f} | {js:.3f} | {os_/js:.2f} | {statistics.median(pr):.2f} ({pr[0]:.2f}-{pr[-1]:.2f}) | "
-          f"{statistics.median(x['raw']['gflops'] for x in o):.1f} | "
+          f"{statistics.median(x['raw']['gflops'] for x in o):.1f} | {fma_s} | "
           f"{oc:.4f} | {jc:.3f} | {oc/jc:.4f} | {raw['peak_bytes_per_device']/2**20:.0f} | "
           f"{raw['all_to_all_bytes']} ({raw['all_to_all_bytes_analytic']}) |")
 EOF

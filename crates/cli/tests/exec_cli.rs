@@ -61,6 +61,12 @@ fn bench_moe_layer_prints_one_json_object() {
             "{v}"
         );
         assert_eq!(v["all_to_all_bytes"], v["all_to_all_bytes_analytic"], "{v}");
+        // The core's FMA rate around the timed steps: a positive figure where the CPU has
+        // AVX2 and FMA, null elsewhere.
+        match v["core_fma_gflops"].as_f64() {
+            Some(g) => assert!(g > 0.0, "{v}"),
+            None => assert!(v["core_fma_gflops"].is_null(), "{v}"),
+        }
         if d == "2" {
             // 4 all-to-alls, each moving half of the f32 E*G*C*M tensor across devices.
             assert_eq!(v["all_to_all_bytes"], 4 * (4 * 4 * 2 * 8 * 4) / 2);

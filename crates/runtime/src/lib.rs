@@ -16,6 +16,8 @@
 //!
 //! - [`alloc`]: [`LineAligned`], the global allocator binaries that run the executor install
 //!   (tensor buffers on cache-line boundaries for the AVX-512 kernels).
+//! - [`probe`]: the calling core's FMA rate, which benchmarks report next to their times (a
+//!   shared host's slow spells show there).
 //!
 //! The runtime never reads a `Sharding`: communication is explicit collective ops.
 
@@ -24,6 +26,7 @@ pub mod comm;
 pub mod exec;
 pub mod io;
 pub mod kernels;
+pub mod probe;
 pub mod profile;
 pub mod reference;
 pub mod rng;

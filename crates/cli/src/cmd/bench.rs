@@ -289,6 +289,17 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Seconds of each FMA probe around the timed steps ([`runtime::probe::fma_gflops`]).
+const PROBE_SECONDS: f64 = 0.02;
+
+/// The lowest FMA rate of the pool's threads, probed all at once (as a step keeps them all
+/// busy); `None` without AVX2 and FMA.
+fn probe_cores() -> Option<f64> {
+    rayon::broadcast(|_| runtime::probe::fma_gflops(PROBE_SECONDS))
+        .into_iter()
+        .try_fold(f64::INFINITY, |lo, g| g.map(|g| lo.min(g)))
+}
+
 fn moe_layer(a: MoeBenchArgs) -> Result<()> {
     use std::sync::Arc;
     let d = a.devices;
@@ -332,6 +343,9 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
     for _ in 0..a.warmup {
         exe.recycle(exe.run_shared(&comm, &per_dev, None)?.outputs);
     }
+    // The cores' FMA rate just before and just after the timed steps (the lowest is
+    // reported): a shared host's slow spell shows there.
+    let fma_before = probe_cores();
     let mut times = Vec::new();
     let mut last = None;
     for _ in 0..a.steps.max(1) {
@@ -341,6 +355,8 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         exe.recycle(std::mem::take(&mut r.outputs));
         last = Some(r);
     }
+    let fma_after = probe_cores();
+    let core_fma_gflops = fma_before.zip(fma_after).map(|(x, y)| x.min(y));
     let r = last.expect("at least one step");
     let step = median(times.clone());
     let min = times.iter().copied().fold(f64::INFINITY, f64::min);
@@ -385,6 +401,7 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         "program_outputs": part.program.outputs.len(),
         "fused_groups": groups, "fused_ops": fused_ops,
         "dot_seconds": dot_secs, "dot_gflops_per_thread": dot_gflops_per_thread,
+        "core_fma_gflops": core_fma_gflops,
     });
     if a.json {
         println!("{out}");
