@@ -6,7 +6,8 @@
 # Prints one JSON line per run and a table of medians with the ratios ours/JAX (step time;
 # partition+prepare vs lower+compile), the median (and range) of each round's own ratio, and
 # the core's FMA rate measured around each of our runs (`core_fma_gflops`: on a shared host
-# it drops by a third in slow spells, and GEMM-bound steps slow with it).
+# it drops by about 30 % in spells that take the FMA pipes, and GEMM-bound steps slow with
+# it; spells that slow the caches or the memory do not show there).
 #
 # Usage: bench/compare_jax.sh [ANCHOR_DIR]     (run from anywhere; builds target/release)
 #   ANCHOR_DIR or $JAX_ANCHOR: the JAX harness (default: ../shared/anchors/jax relative to

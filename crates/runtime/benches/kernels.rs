@@ -42,21 +42,6 @@ fn dd(lb: Vec<usize>, rb: Vec<usize>, lc: Vec<usize>, rc: Vec<usize>) -> DotDims
     }
 }
 
-/// `iters` rounds of 12 independent 8-lane FMA chains; returns a lane so nothing is elided.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fma_chains(iters: usize) -> f32 {
-    use std::arch::x86_64::{_mm256_cvtss_f32, _mm256_fmadd_ps, _mm256_set1_ps};
-    let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-    let mut acc = [_mm256_set1_ps(1.0); 12];
-    for _ in 0..iters {
-        for x in acc.iter_mut() {
-            *x = _mm256_fmadd_ps(*x, a, b);
-        }
-    }
-    acc.iter().map(|&x| _mm256_cvtss_f32(x)).sum()
-}
-
 fn bench_gemm(c: &mut Criterion) {
     let mut g = c.benchmark_group("gemm");
     g.sample_size(10);
@@ -113,14 +98,14 @@ fn bench_gemm(c: &mut Criterion) {
             b.iter(|| dot(&plan, &ls, &l, &rs, &r, &mut out))
         });
     }
-    // The core's FMA peak today: 12 independent chains of 8-lane FMAs (AVX2+FMA).
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+    // The core's FMA peak today: the executor's probe, independent chains of 8-lane FMAs
+    // (AVX2+FMA), `gshard bench`'s `core_fma_gflops`.
+    if runtime::probe::fma_burst(1).is_some() {
         const ITERS: usize = 1 << 20;
-        g.throughput(Throughput::Elements((ITERS * 12 * 8 * 2) as u64));
-        // SAFETY: AVX2 and FMA were detected just above.
+        let flops = ITERS * runtime::probe::CHAINS * 8 * 2;
+        g.throughput(Throughput::Elements(flops as u64));
         g.bench_function("fma_peak/1thread", |bch| {
-            bch.iter(|| unsafe { fma_chains(std::hint::black_box(ITERS)) })
+            bch.iter(|| runtime::probe::fma_burst(std::hint::black_box(ITERS)))
         });
     }
     // The gemm crate called directly (row-major 512^3, one thread): the ceiling the dot

@@ -6,7 +6,9 @@
 //! layer's einsums counting the one-hot dispatch/combine as dense, x3 for fwd+bwd, as the JAX
 //! harness's `moe_flops`), peak bytes per device, collective bytes (measured and analytic),
 //! and the time to propagate + partition + prepare the executor. `--profile FILE` writes a
-//! Chrome trace of one extra step.
+//! Chrome trace of one extra step. `core_fma_gflops`: the lowest FMA rate of the pool's
+//! threads, probed all at once just before and just after the timed steps
+//! ([`runtime::probe`]; a shared host's spells that take the FMA pipes show there).
 //!
 //! `collectives`: all-to-all and all-reduce bandwidth per backend (`bench_comm`).
 //!
