@@ -5,9 +5,11 @@
 # and 8 devices, on the issue's shape G=128 S=128 E=128 M=256 H=1024 C=2 and a smaller one.
 # Prints one JSON line per run and a table of medians with the ratios ours/JAX (step time;
 # partition+prepare vs lower+compile), the median (and range) of each round's own ratio, and
-# the core's FMA rate measured around each of our runs (`core_fma_gflops`: on a shared host
-# it drops by about 30 % in spells that take the FMA pipes, and GEMM-bound steps slow with
-# it; spells that slow the caches or the memory do not show there).
+# the cores' rates probed around every run, ours and JAX's (`gshard bench probe`: FMA chains
+# in registers, and our GEMM micro-kernel on operands in L2; on a shared host the first
+# drops by about 30 % in spells that take the FMA pipes, the second in those and in spells
+# that slow the caches, and GEMM-bound steps slow with them; the two sides' runs alternate,
+# so a spell can fall on either).
 #
 # Usage: bench/compare_jax.sh [ANCHOR_DIR]     (run from anywhere; builds target/release)
 #   ANCHOR_DIR or $JAX_ANCHOR: the JAX harness (default: ../shared/anchors/jax relative to
@@ -75,8 +77,17 @@ for round in $(seq 1 "$rounds"); do
                     step=$(echo "$line" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["step_seconds"])')
                     comp=$(echo "$line" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["partition_seconds"])')
                 else
+                    # The same probes as ours, just before and just after (the lower of each).
+                    pre=$("$gshard" bench probe --json)
                     # shellcheck disable=SC2086
                     line=$("$venv/bin/python" "$anchor/step_time.py" $args --devices "$d" --steps "$steps" --warmup 2 2>/dev/null | tail -1)
+                    post=$("$gshard" bench probe --json)
+                    line=$(printf '%s\n%s\n%s\n' "$line" "$pre" "$post" | "$venv/bin/python" -c '
+import json, sys
+run, pre, post = (json.loads(l) for l in sys.stdin.read().split("\n")[:3])
+for k in ("core_fma_gflops", "core_gemm_gflops"):
+    run[k] = min(pre[k], post[k]) if pre[k] is not None and post[k] is not None else None
+print(json.dumps(run))')
                     step=$(echo "$line" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["step_seconds"])')
                     comp=$(echo "$line" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["compile_seconds"])')
                 fi
@@ -92,8 +103,8 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 keys = sorted({(r["shape"], r["devices"]) for r in rows}, key=lambda k: (k[0] != "large", k[1]))
 print()
-print("| shape | devices | ours step s | JAX step s | step ours/JAX | paired ours/JAX (range) | ours GFLOP/s | core FMA GFLOP/s (range) | ours partition+prepare s | JAX lower+compile s | compile ours/JAX | ours peak MiB/device | ours a2a bytes (analytic) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| shape | devices | ours step s | JAX step s | step ours/JAX | paired ours/JAX (range) | ours GFLOP/s | core FMA GFLOP/s, ours / JAX runs | core GEMM GFLOP/s, ours / JAX runs | ours partition+prepare s | JAX lower+compile s | compile ours/JAX | ours peak MiB/device | ours a2a bytes (analytic) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for shape, d in keys:
     o = [r for r in rows if r["shape"] == shape and r["devices"] == d and r["who"] == "ours"]
     j = [r for r in rows if r["shape"] == shape and r["devices"] == d and r["who"] == "jax"]
@@ -104,11 +115,14 @@ for shape, d in keys:
     # Each round's ratio (the two runs were back to back), then their median.
     jr = {x["round"]: x["step_seconds"] for x in j}
     pr = sorted(x["step_seconds"] / jr[x["round"]] for x in o if x["round"] in jr)
-    # The core's FMA rate around each of our runs (a shared host's slow spells).
-    fma = sorted(x["raw"]["core_fma_gflops"] for x in o if x["raw"].get("core_fma_gflops"))
-    fma_s = f"{statistics.median(fma):.0f} ({fma[0]:.0f}-{fma[-1]:.0f})" if fma else "-"
+    # The cores' rates around each run (a shared host's slow spells), as median (range).
+    def rates(xs, k):
+        v = sorted(x["raw"][k] for x in xs if x["raw"].get(k))
+        return f"{statistics.median(v):.0f} ({v[0]:.0f}-{v[-1]:.0f})" if v else "-"
+    fma_s = f"{rates(o, 'core_fma_gflops')} / {rates(j, 'core_fma_gflops')}"
+    gemm_s = f"{rates(o, 'core_gemm_gflops')} / {rates(j, 'core_gemm_gflops')}"
     print(f"| {shape} | {d} | {os_:.3f} | {js:.3f} | {os_/js:.2f} | {statistics.median(pr):.2f} ({pr[0]:.2f}-{pr[-1]:.2f}) | "
-          f"{statistics.median(x['raw']['gflops'] for x in o):.1f} | {fma_s} | "
+          f"{statistics.median(x['raw']['gflops'] for x in o):.1f} | {fma_s} | {gemm_s} | "
           f"{oc:.4f} | {jc:.3f} | {oc/jc:.4f} | {raw['peak_bytes_per_device']/2**20:.0f} | "
           f"{raw['all_to_all_bytes']} ({raw['all_to_all_bytes_analytic']}) |")
 EOF

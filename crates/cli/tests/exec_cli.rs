@@ -1,6 +1,7 @@
 //! The executor through the binary: `gshard bench moe-layer --json` prints one JSON object
-//! with the benchmark fields (collective bytes equal to the analytic all-to-all count), and
-//! `gshard run --profile` writes a Chrome trace with one track per device.
+//! with the benchmark fields (collective bytes equal to the analytic all-to-all count),
+//! `gshard bench probe --json` the cores' probe rates, and `gshard run --profile` writes a
+//! Chrome trace with one track per device.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -21,6 +22,35 @@ fn gshard(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Whether this CPU runs the FMA probe and the GEMM micro-kernel (AVX2 and FMA).
+fn has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[test]
+fn bench_probe_prints_both_rates_where_the_cpu_runs_them() {
+    let v: serde_json::Value =
+        serde_json::from_str(gshard(&["bench", "probe", "--json"]).trim()).unwrap();
+    for k in ["core_fma_gflops", "core_gemm_gflops"] {
+        let g = v.get(k).unwrap_or_else(|| panic!("{k} is reported: {v}"));
+        match g.as_f64() {
+            Some(g) => assert!(has_fma() && g > 0.0 && g.is_finite(), "{v}"),
+            None => assert!(!has_fma() && g.is_null(), "{v}"),
+        }
+    }
+    assert!(v["threads"].as_u64().is_some_and(|t| t >= 1), "{v}");
+    // The text form names both probes.
+    let text = gshard(&["bench", "probe"]);
+    assert!(text.contains("FMA") && text.contains("GEMM"), "{text}");
 }
 
 #[test]
@@ -66,13 +96,19 @@ fn bench_moe_layer_prints_one_json_object() {
         let fma = v
             .get("core_fma_gflops")
             .expect("core_fma_gflops is reported");
-        #[cfg(target_arch = "x86_64")]
-        let has_fma = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
-        #[cfg(not(target_arch = "x86_64"))]
-        let has_fma = false;
+        let has_fma = has_fma();
         match fma.as_f64() {
             Some(g) => assert!(has_fma && g > 0.0, "{v}"),
             None => assert!(!has_fma && fma.is_null(), "{v}"),
+        }
+        // The GEMM micro-kernel's rate on operands in cache: likewise, where the kernel
+        // runs (AVX2 and FMA).
+        let gemm = v
+            .get("core_gemm_gflops")
+            .expect("core_gemm_gflops is reported");
+        match gemm.as_f64() {
+            Some(g) => assert!(has_fma && g > 0.0, "{v}"),
+            None => assert!(!has_fma && gemm.is_null(), "{v}"),
         }
         if d == "2" {
             // 4 all-to-alls, each moving half of the f32 E*G*C*M tensor across devices.

@@ -6,9 +6,11 @@
 //! layer's einsums counting the one-hot dispatch/combine as dense, x3 for fwd+bwd, as the JAX
 //! harness's `moe_flops`), peak bytes per device, collective bytes (measured and analytic),
 //! and the time to propagate + partition + prepare the executor. `--profile FILE` writes a
-//! Chrome trace of one extra step. `core_fma_gflops`: the lowest FMA rate of the pool's
-//! threads, probed all at once just before and just after the timed steps
-//! ([`runtime::probe`]; a shared host's spells that take the FMA pipes show there).
+//! Chrome trace of one extra step. `core_fma_gflops` and `core_gemm_gflops`: the lowest
+//! rate of the pool's threads, probed all at once just before and just after the timed
+//! steps, of FMA chains in registers and of the GEMM micro-kernel on operands in L2
+//! ([`runtime::probe`]; a shared host's spells that take the FMA pipes show in both, those
+//! that slow the caches in the second).
 //!
 //! `collectives`: all-to-all and all-reduce bandwidth per backend (`bench_comm`).
 //!
@@ -40,6 +42,16 @@ enum What {
     MoeLayer(MoeBenchArgs),
     /// All-to-all and all-reduce bandwidth of a backend (`--backend inprocess|mpi`).
     Collectives(crate::cmd::bench_comm::CollectiveBenchArgs),
+    /// The cores' FMA and GEMM rates now (the probes `moe-layer` runs around its steps), to
+    /// tag another program's runs on a shared host.
+    Probe(ProbeArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ProbeArgs {
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -106,7 +118,29 @@ pub fn main(a: Args) -> Result<()> {
         What::Partition(p) => partition(p),
         What::MoeLayer(m) => moe_layer(m),
         What::Collectives(c) => crate::cmd::bench_comm::main(c),
+        What::Probe(p) => probe(p),
     }
+}
+
+/// `gshard bench probe`: each probe once on every pool thread at once, the lowest rate of
+/// each (null where a probe does not run on this CPU).
+fn probe(a: ProbeArgs) -> Result<()> {
+    let (fma, gemm) = probe_both();
+    let threads = rayon::current_num_threads();
+    if a.json {
+        println!(
+            "{}",
+            json!({"core_fma_gflops": fma, "core_gemm_gflops": gemm, "threads": threads})
+        );
+    } else {
+        let show = |g: Option<f64>| {
+            g.map_or("n/a (no AVX2 and FMA)".to_string(), |g| {
+                format!("{g:.1} GFLOP/s")
+            })
+        };
+        println!("lowest of {threads} threads probed at once: FMA chains {}, GEMM micro-kernel on operands in L2 {}", show(fma), show(gemm));
+    }
+    Ok(())
 }
 
 /// The benchmark model: a 6+6-layer GShard MoE Transformer (M=1024, 16 heads, H=4096, MoE
@@ -291,15 +325,28 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Seconds of each FMA probe around the timed steps ([`runtime::probe::fma_gflops`]).
+/// Seconds of each probe around the timed steps ([`runtime::probe`]).
 const PROBE_SECONDS: f64 = 0.02;
 
-/// The lowest FMA rate of the pool's threads, probed all at once (as a step keeps them all
-/// busy); `None` without AVX2 and FMA.
-fn probe_cores() -> Option<f64> {
-    rayon::broadcast(|_| runtime::probe::fma_gflops(PROBE_SECONDS))
+/// The lowest rate of the pool's threads on `probe`, run on all of them at once (as a step
+/// keeps them all busy); `None` where the probe does not run on this CPU.
+fn probe_cores(probe: fn(f64) -> Option<f64>) -> Option<f64> {
+    rayon::broadcast(|_| probe(PROBE_SECONDS))
         .into_iter()
         .try_fold(f64::INFINITY, |lo, g| g.map(|g| lo.min(g)))
+}
+
+/// The FMA and GEMM probes' lowest rates, each probed once.
+fn probe_both() -> (Option<f64>, Option<f64>) {
+    (
+        probe_cores(runtime::probe::fma_gflops),
+        probe_cores(runtime::probe::gemm_gflops),
+    )
+}
+
+/// The lower of two probe readings (`None` if either is).
+fn lower(x: Option<f64>, y: Option<f64>) -> Option<f64> {
+    x.zip(y).map(|(x, y)| x.min(y))
 }
 
 fn moe_layer(a: MoeBenchArgs) -> Result<()> {
@@ -345,9 +392,9 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
     for _ in 0..a.warmup {
         exe.recycle(exe.run_shared(&comm, &per_dev, None)?.outputs);
     }
-    // The cores' FMA rate just before and just after the timed steps (the lowest is
-    // reported): a shared host's slow spell shows there.
-    let fma_before = probe_cores();
+    // The cores' FMA and GEMM rates just before and just after the timed steps (the
+    // lowest of each is reported): a shared host's slow spell shows there.
+    let before = probe_both();
     let mut times = Vec::new();
     let mut last = None;
     for _ in 0..a.steps.max(1) {
@@ -357,8 +404,8 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         exe.recycle(std::mem::take(&mut r.outputs));
         last = Some(r);
     }
-    let fma_after = probe_cores();
-    let core_fma_gflops = fma_before.zip(fma_after).map(|(x, y)| x.min(y));
+    let after = probe_both();
+    let (core_fma_gflops, core_gemm_gflops) = (lower(before.0, after.0), lower(before.1, after.1));
     let r = last.expect("at least one step");
     let step = median(times.clone());
     let min = times.iter().copied().fold(f64::INFINITY, f64::min);
@@ -404,6 +451,7 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         "fused_groups": groups, "fused_ops": fused_ops,
         "dot_seconds": dot_secs, "dot_gflops_per_thread": dot_gflops_per_thread,
         "core_fma_gflops": core_fma_gflops,
+        "core_gemm_gflops": core_gemm_gflops,
     });
     if a.json {
         println!("{out}");
