@@ -14,6 +14,10 @@
 //!
 //! `collectives`: all-to-all and all-reduce bandwidth per backend (`bench_comm`).
 //!
+//! `probe`: the FMA and GEMM probes once on every pool thread at once, the lowest rate of
+//! each (null where a probe does not run on this CPU), to tag another program's runs the
+//! way `moe-layer` tags its own (`bench/compare_jax.sh` runs it around the JAX anchor).
+//!
 //! `partition`: builds one transformer-sized MoE training step (forward + backward) once,
 //! then propagates and partitions it for 2, 8, 64, 512 and 2048 devices (mesh `expert=N`;
 //! experts and groups are 2048 so every count divides) and reports the median time of each.
