@@ -26,16 +26,26 @@ const BURST: usize = 20_000;
 /// The calling core's eight-lane FMA rate in GFLOP/s, measured for about `seconds`; `None`
 /// on a CPU without AVX2 and FMA.
 pub fn fma_gflops(seconds: f64) -> Option<f64> {
-    let t = std::time::Instant::now();
-    let mut bursts = 0usize;
+    fma_burst(0)?; // None without AVX2 and FMA
     let mut sink = 0.0f32;
-    while bursts == 0 || t.elapsed().as_secs_f64() < seconds {
-        sink += fma_burst(std::hint::black_box(BURST))?;
-        bursts += 1;
-    }
+    let (bursts, secs) = repeat_for(seconds, || {
+        sink += fma_burst(std::hint::black_box(BURST)).unwrap_or(0.0);
+    });
     std::hint::black_box(sink);
     let flops = (bursts * BURST * CHAINS * 8 * 2) as f64;
-    Some(flops / t.elapsed().as_secs_f64() / 1e9)
+    Some(flops / secs / 1e9)
+}
+
+/// Calls `once` until about `seconds` have passed (at least once): the number of calls and
+/// the seconds they took.
+fn repeat_for(seconds: f64, mut once: impl FnMut()) -> (usize, f64) {
+    let t = std::time::Instant::now();
+    let mut calls = 0usize;
+    while calls == 0 || t.elapsed().as_secs_f64() < seconds {
+        once();
+        calls += 1;
+    }
+    (calls, t.elapsed().as_secs_f64())
 }
 
 /// `steps` steps of the [`CHAINS`] FMA chains (`steps * CHAINS * 16` flops); returns a
@@ -82,28 +92,14 @@ pub fn gemm_gflops(seconds: f64) -> Option<f64> {
                 m,
                 n,
                 k,
-                MatRef {
-                    ptr: a.as_ptr(),
-                    rs: k,
-                    cs: 1,
-                },
-                MatRef {
-                    ptr: b.as_ptr(),
-                    rs: n,
-                    cs: 1,
-                },
+                MatRef::strided(a.as_ptr(), k, 1),
+                MatRef::strided(b.as_ptr(), n, 1),
                 MatMut::strided(c.as_mut_ptr(), n, 1),
             )
         }
     };
     product();
-    let t = std::time::Instant::now();
-    let mut products = 0usize;
-    while products == 0 || t.elapsed().as_secs_f64() < seconds {
-        product();
-        products += 1;
-    }
-    let secs = t.elapsed().as_secs_f64();
+    let (products, secs) = repeat_for(seconds, &mut product);
     std::hint::black_box(&c);
     Some((products * 2 * m * n * k) as f64 / secs / 1e9)
 }
@@ -136,17 +132,26 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
+    /// Whether the CPU has AVX2 and FMA, detected here rather than asked of the code the
+    /// probes themselves ask.
+    fn has_avx2_fma() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
     /// Where the CPU has AVX2 and FMA the probe reports a positive, finite rate of at least
     /// one eight-lane FMA every ten cycles of a 1 GHz core (any working core is far above
     /// it, even shared), and `None` only where it has not.
     #[test]
     fn the_probe_reports_a_plausible_rate_where_the_cpu_has_fma() {
         let got = super::fma_gflops(0.02);
-        #[cfg(target_arch = "x86_64")]
-        let has = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
-        #[cfg(not(target_arch = "x86_64"))]
-        let has = false;
-        assert_eq!(got.is_some(), has);
+        assert_eq!(got.is_some(), has_avx2_fma());
         if let Some(g) = got {
             assert!(g > 1.6 && g.is_finite(), "{g} GFLOP/s");
         }
@@ -158,13 +163,8 @@ mod tests {
     #[test]
     fn the_gemm_probe_reports_a_plausible_rate_where_the_kernel_runs() {
         let got = super::gemm_gflops(0.02);
-        // The kernel runs where the CPU has AVX2 and FMA (detected here, not asked of the
-        // kernel module the probe itself asks).
-        #[cfg(target_arch = "x86_64")]
-        let has = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
-        #[cfg(not(target_arch = "x86_64"))]
-        let has = false;
-        assert_eq!(got.is_some(), has);
+        // The kernel runs where the CPU has AVX2 and FMA.
+        assert_eq!(got.is_some(), has_avx2_fma());
         if let Some(g) = got {
             assert!(g > 0.16 && g.is_finite(), "{g} GFLOP/s");
         }

@@ -142,7 +142,12 @@ fn probe(a: ProbeArgs) -> Result<()> {
                 format!("{g:.1} GFLOP/s")
             })
         };
-        println!("lowest of {threads} threads probed at once: FMA chains {}, GEMM micro-kernel on operands in L2 {}", show(fma), show(gemm));
+        println!(
+            "lowest of {threads} threads probed at once: FMA chains {}, \
+             GEMM micro-kernel on operands in L2 {}",
+            show(fma),
+            show(gemm)
+        );
     }
     Ok(())
 }

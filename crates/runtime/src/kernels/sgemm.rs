@@ -91,6 +91,13 @@ pub struct MatRef {
     pub cs: usize,
 }
 
+impl MatRef {
+    /// Element `(i, j)` at `ptr + i*rs + j*cs` (the counterpart of [`MatMut::strided`]).
+    pub fn strided(ptr: *const f32, rs: usize, cs: usize) -> MatRef {
+        MatRef { ptr, rs, cs }
+    }
+}
+
 /// A writable strided matrix: element `(i, j)` at `ptr + i*rs + j*cs`, or, with a table,
 /// at `ptr + rows[i] + j*cs` (`rows` non-null: `m` offsets) or `ptr + i*rs + cols[j]`
 /// (`cols` non-null: `n` offsets); at most one of the two tables. A table writes a result
