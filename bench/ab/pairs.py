@@ -21,8 +21,8 @@ paired median of 0.998; differences of ~2 % and more stand out at 40 rounds.
 
 An effect can itself depend on the spell, not only scale with it: forbidding the row-sparse
 GEMM path read 1.008 and 1.011 of the step in slow minutes (steps of 36-39 ms) and 1.075 in
-a fast one (29 ms). So the paired median is also printed for the rounds where the first
-configuration ran faster than its median and for those where it ran slower.
+a fast one (29 ms). So the paired median is also printed for the faster and the slower
+half of the rounds (by the mean of each round's runs).
 """
 
 import json
@@ -71,13 +71,16 @@ def main():
         for label, env, binary in configs if r % 2 == 0 else configs[::-1]:
             times[label].append(step_ms(binary, env, devices, shape, steps))
     base = times[configs[0][0]]
-    mid = statistics.median(base)
+    # A round's level: the mean of all its runs (not the first's alone, which would put
+    # the rounds where the first happened to be slow, and so every ratio low, in one half).
+    level = [statistics.mean(ts) for ts in zip(*times.values())]
+    mid = statistics.median(level)
     for label, _, _ in configs:
         ratios = [t / b for t, b in zip(times[label], base)]
-        fast = [q for q, b in zip(ratios, base) if b < mid]
-        slow = [q for q, b in zip(ratios, base) if b >= mid]
+        fast = [q for q, v in zip(ratios, level) if v < mid]
+        slow = [q for q, v in zip(ratios, level) if v >= mid]
         split = (
-            f"  (rounds under {mid:.1f} ms: {statistics.median(fast):.3f}, "
+            f"  (rounds averaging under {mid:.1f} ms: {statistics.median(fast):.3f}, "
             f"the others: {statistics.median(slow):.3f})"
             if fast and slow
             else ""
