@@ -20,9 +20,9 @@ run, default 10). An A/A run of 40 rounds at 8 devices (one binary against itsel
 paired median of 0.998; differences of ~2 % and more stand out at 40 rounds.
 
 An effect can itself depend on the spell, not only scale with it: forbidding the row-sparse
-GEMM path read 1.008 and 1.011 of the step in slow minutes (steps of 36-39 ms) and 1.075 in
-a fast one (29 ms). So the paired median is also printed for the faster and the slower
-half of the rounds (by the mean of each round's runs).
+GEMM path read 1.008-1.028 of the step in slow minutes (steps of 36-39 ms) and 1.075 in a
+fast one (29 ms). So the paired median is also printed for the faster half of the rounds
+and the rest (by the mean of each round's runs), when each has at least three rounds.
 """
 
 import json
@@ -63,6 +63,8 @@ def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     rounds, devices = int(sys.argv[1]), sys.argv[2]
+    if rounds < 1:
+        sys.exit("ROUNDS must be at least 1")
     configs = [parse(c) for c in sys.argv[3:]]
     shape = os.environ.get("SHAPE", SMALL).split()
     steps = os.environ.get("STEPS", "10")
@@ -82,7 +84,7 @@ def main():
         split = (
             f"  (rounds averaging under {mid:.1f} ms: {statistics.median(fast):.3f}, "
             f"the others: {statistics.median(slow):.3f})"
-            if fast and slow
+            if len(fast) >= 3 and len(slow) >= 3 and label != configs[0][0]
             else ""
         )
         print(
