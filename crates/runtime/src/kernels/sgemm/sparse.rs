@@ -78,6 +78,17 @@ pub fn available() -> bool {
     }
 }
 
+/// Bit `t` set for each non-zero (NaN included) of the `len <= 64` floats at `a` (the
+/// eight-lane scan; also the one-hot products' mask scans, `sgemm::nonzero_bits64`).
+///
+/// # Safety
+/// [`available`]; `len` floats readable at `a`.
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn nonzero_bits(a: *const f32, len: usize) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { avx2::nonzero_bits(a, len) }
+}
+
 /// Whether up to eight evenly spaced rows of `rows` (row `i`'s `k` contiguous floats at
 /// `a(i)`, the first 256 of each read) are sparse enough for [`block`] to beat the dense
 /// kernel. A dense `A` is told apart by its first sampled row (a few cache lines).
