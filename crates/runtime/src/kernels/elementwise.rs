@@ -685,7 +685,15 @@ fn short_rows<T: Copy, U: Copy, const L: usize>(
     let chunks = seg
         .chunks_exact_mut(L)
         .map(|r| <&mut [U; L]>::try_from(r).expect("L"));
-    if lst == 0 {
+    if lst == 0 && rst == 1 {
+        // Each row one value repeated, the values consecutive (the one-hot masks'
+        // `[G,S,E] -> [G,S,E,C]`): zipped, so the loop has no index arithmetic or bounds
+        // checks and compiles to shuffles and full-width stores (a 64K-element broadcast
+        // product 15-20 % faster alone; the small MoE layer's step 0.4-0.6 % in-process).
+        for (row, &x) in chunks.zip(&src[..rows]) {
+            *row = [f(x); L];
+        }
+    } else if lst == 0 {
         // Each row one value repeated.
         for (t, row) in chunks.enumerate() {
             *row = [f(src[t * rst]); L];
