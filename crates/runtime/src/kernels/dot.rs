@@ -395,13 +395,9 @@ pub trait GemmFloat:
 {
     const ZERO: Self;
     const ONE: Self;
-    /// Whether [`GemmFloat::nonzero_bits64`] is vectorised (f32).
-    const FAST_BITS: bool = false;
     /// Bit `t` set for each non-zero (NaN included) of the `run.len() <= 64` values.
     fn nonzero_bits64(run: &[Self]) -> u64 {
-        run.iter().enumerate().fold(0u64, |bits, (t, &v)| {
-            bits | (u64::from(v != Self::ZERO) << t)
-        })
+        fold_nonzero_bits(run)
     }
     /// Run `f` with this thread's two reusable buffers for permuted operand copies (fresh
     /// ones if the thread is already inside a dot, e.g. one that rayon stole while waiting).
@@ -451,9 +447,10 @@ fn scratch<T, R>(
 impl GemmFloat for f32 {
     const ZERO: f32 = 0.0;
     const ONE: f32 = 1.0;
-    const FAST_BITS: bool = true;
+    /// AVX2 compares and movemasks where the CPU has them (a scalar fold compiles to one
+    /// compare per value).
     fn nonzero_bits64(run: &[f32]) -> u64 {
-        super::sgemm::nonzero_bits64(run)
+        super::sgemm::nonzero_bits64(run).unwrap_or_else(|| fold_nonzero_bits(run))
     }
     fn with_scratch<R>(f: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>) -> R) -> R {
         scratch(&SCRATCH_F32, f)
@@ -908,37 +905,30 @@ fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
     }
 }
 
-/// Call `f(t, v)` for every non-zero `v = run[t]`, in order. Each block of values is
-/// compared with zero at once into one bit mask and only its set bits are visited, so a
-/// one-hot operand costs little more than a read: a branch per element of every block
-/// holding a non-zero took half of a dispatch einsum's time (25-35 of 50-70 us per device
-/// in the small MoE layer). f32 blocks are 64 values, masked by explicit AVX2 compares and
-/// movemasks ([`GemmFloat::nonzero_bits64`]; the 16-value fold below compiled to scalar
-/// compares): the small layer's step at 8 devices, in-process A/B, 0.8 % faster on one
-/// thread, 0.3 % on two.
+/// Bit `t` set for each non-zero (NaN included) of the `run.len() <= 64` values, folded
+/// value by value.
+#[inline(always)]
+fn fold_nonzero_bits<T: GemmFloat>(run: &[T]) -> u64 {
+    run.iter()
+        .enumerate()
+        .fold(0u64, |bits, (t, &v)| bits | (u64::from(v != T::ZERO) << t))
+}
+
+/// Call `f(t, v)` for every non-zero `v = run[t]`, in order. Each block of 64 values is
+/// compared with zero at once into one bit mask ([`GemmFloat::nonzero_bits64`]) and only
+/// its set bits are visited, so a one-hot operand costs little more than a read: a branch
+/// per element of every block holding a non-zero took half of a dispatch einsum's time
+/// (25-35 of 50-70 us per device in the small MoE layer). f32 masks are taken by AVX2
+/// compares and movemasks (a fold over 16 values compiled to scalar compares): the small
+/// layer's step at 8 devices, in-process A/B, 0.8 % faster on one thread, 0.3 % on two.
 #[inline(always)]
 fn for_nonzero<T: GemmFloat>(run: &[T], mut f: impl FnMut(usize, T)) {
-    if T::FAST_BITS {
-        // f32 (every one-hot mask): 64 values per AVX2 scan, a few compares and movemasks.
-        for (c, block) in run.chunks(64).enumerate() {
-            let mut bits = T::nonzero_bits64(block);
-            while bits != 0 {
-                let q = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                f(c * 64 + q, run[c * 64 + q]);
-            }
-        }
-        return;
-    }
-    for (c, block) in run.chunks(16).enumerate() {
-        let mut bits = block
-            .iter()
-            .enumerate()
-            .fold(0u32, |a, (q, &v)| a | (u32::from(v != T::ZERO) << q));
+    for (c, block) in run.chunks(64).enumerate() {
+        let mut bits = T::nonzero_bits64(block);
         while bits != 0 {
             let q = bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            f(c * 16 + q, block[q]);
+            f(c * 64 + q, block[q]);
         }
     }
 }
