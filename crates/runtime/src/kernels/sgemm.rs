@@ -551,11 +551,24 @@ unsafe fn blocked(
                 // block's first column of A.
                 let direct = compact_a || (a.cs == 1 && kidx[kc - 1] - kidx[0] == kc - 1);
                 let a0 = if compact_a { pc } else { kidx[0] };
-                // The row-sparse path packs B in its own layout and needs it finite (it
-                // leaves out `0 * b`); a non-finite block is multiplied densely.
-                if sparse_a
-                    && direct
-                    && pack_b::<{ sparse::GROUP }>(
+                // The row-sparse path needs B finite (it leaves out `0 * b`); a non-finite
+                // block is multiplied densely. B is read in place where its block is one
+                // 128-column group of contiguous rows over consecutive steps (the eight-lane
+                // chains, so only on CPUs without the wide tiles, whatever `set_wide` says;
+                // `Wo`, `dy` and `x` in three of an expert's four row-sparse GEMMs): its
+                // packed copy would be the same layout. Otherwise it is packed.
+                let in_place_b = !wide::available()
+                    && b.cs == 1
+                    && nc <= sparse::GROUP
+                    && nc.is_multiple_of(8)
+                    && kidx[kc - 1] - kidx[0] == kc - 1;
+                let sparse_b = if !(sparse_a && direct) {
+                    None
+                } else if in_place_b {
+                    let b0 = b.ptr.add(jc * b.cs + kidx[0] * b.rs);
+                    rows_finite(b0, b.rs, kc, nc).then_some((b0, b.rs))
+                } else {
+                    pack_b::<{ sparse::GROUP }>(
                         kidx,
                         nc,
                         b.ptr.add(jc * b.cs),
@@ -564,14 +577,17 @@ unsafe fn blocked(
                         pb,
                         true,
                     )
-                {
+                    .then_some((pb.as_ptr(), sparse::GROUP))
+                };
+                if let Some((bp, bs)) = sparse_b {
                     // Dead rows are zeros already (B is finite).
                     sparse::block(
                         live,
                         kc,
                         nc,
                         |i| a.ptr.add(i * a.rs + a0),
-                        pb.as_ptr(),
+                        bp,
+                        bs,
                         |i| c.row(i).add(jc),
                         pc == 0,
                         tmp,
@@ -645,6 +661,37 @@ unsafe fn blocked(
         // Lines the tiles' runs left over at span ends (a few, if any).
         fetch.rest();
     }
+}
+
+/// Whether the `rows x cols` floats at `b` (row `r` at `b + r * rs`, `cols` a multiple of 8)
+/// are all finite: `x * 0` is NaN exactly for a non-finite `x`, folded with `or` (a
+/// one-cycle chain), as [`pack_b`] checks the values it copies.
+///
+/// # Safety
+/// The floats are readable; AVX2 (the caller's target).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn rows_finite(b: *const f32, rs: usize, rows: usize, cols: usize) -> bool {
+    debug_assert!(cols.is_multiple_of(8));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller's contract; each load reads 8 of a row's `cols` floats.
+    unsafe {
+        use std::arch::x86_64::*;
+        let zero = _mm256_setzero_ps();
+        let mut nan = zero;
+        for r in 0..rows {
+            let row = b.add(r * rs);
+            for j in (0..cols).step_by(8) {
+                nan = _mm256_or_ps(nan, _mm256_mul_ps(_mm256_loadu_ps(row.add(j)), zero));
+            }
+        }
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(nan, nan)) == 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    (0..rows).all(|r| {
+        // SAFETY: the caller's contract.
+        let row = unsafe { std::slice::from_raw_parts(b.add(r * rs), cols) };
+        row.iter().all(|x| x.is_finite())
+    })
 }
 
 /// Cache lines of some spans of memory, fetched a few at a time (see [`sgemm_ahead`]).

@@ -10,7 +10,10 @@
 //! (lowest first: `tzcnt`, then `blsr`), broadcasting each value from `A` and multiplying it
 //! into eight 16-lane accumulators (128 columns of `C`) against the step's packed row of
 //! `B`. The block of `B` that a slice of steps meets (64 steps x 128 columns, 32 KiB) stays
-//! in L1 while every row of `A` passes over it. Each row's mask is taken before the
+//! in L1 while every row of `A` passes over it. Where `B` is already one such group (row
+//! major, at most 128 columns, a multiple of 8, consecutive steps: an expert's `Wo`, `dy`
+//! and `x`) and the CPU has no AVX-512 tiles, its rows are read in place after a read-only
+//! finiteness check, instead of copied into the same layout. Each row's mask is taken before the
 //! previous row's chain runs, so its loads of `A` are in flight meanwhile.
 //!
 //! Numerics: bitwise those of the dense micro-kernel, with one exception. Each output element is still the
@@ -114,15 +117,18 @@ pub unsafe fn worth(rows: &[usize], k: usize, a: impl Fn(usize) -> *const f32) -
 }
 
 /// One `KC` block: `C[i, 0..nc] (=|+=) A[i, steps] · B[steps, 0..nc]` for each row `i` of
-/// `rows`, `A`'s row `i` at `a(i)` (`kc` contiguous floats: the block's steps), `B` packed
-/// by `pack_b` in panels `GROUP` columns wide (`pb[g*GROUP*kc + kk*GROUP + j]`, zero past
-/// `nc`, finite), `C`'s row `i` at `c(i)` (`nc` contiguous floats). `first`: write the
+/// `rows`, `A`'s row `i` at `a(i)` (`kc` contiguous floats: the block's steps), `B` finite,
+/// packed by `pack_b` in panels `GROUP` columns wide (`pb[g*GROUP*kc + kk*GROUP + j]`,
+/// zero past `nc`; `bs = GROUP`), or read in place when it is one group whose rows are
+/// contiguous (`nc <= GROUP`, a multiple of 8; step `kk`'s row at `pb + kk*bs`), `C`'s row
+/// `i` at `c(i)` (`nc` contiguous floats). `first`: write the
 /// block's sums; otherwise add them to `C` (the sums are formed apart in `tmp`,
 /// `rows.len() * nc` floats, then added: the dense kernel's order). `fetch` is called once per row and slice.
 ///
 /// # Safety
-/// [`available`]; the pointers address what is said above, `pb` is 64-byte aligned, and no
-/// other thread touches the rows of `C`.
+/// [`available`]; the pointers address what is said above, and no other thread touches the
+/// rows of `C`; `B` read in place only where the CPU has no wide tiles (the eight-lane
+/// chains).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block(
     rows: &[usize],
@@ -130,6 +136,7 @@ pub unsafe fn block(
     nc: usize,
     a: impl Fn(usize) -> *const f32,
     pb: *const f32,
+    bs: usize,
     c: impl Fn(usize) -> *mut f32,
     first: bool,
     tmp: &mut [f32],
@@ -156,6 +163,7 @@ pub unsafe fn block(
         let slices = kc.div_ceil(SLICE);
         for g0 in (0..nc).step_by(GROUP) {
             let cols = GROUP.min(nc - g0);
+            // (Read in place, `B` is one group: `g0` is 0.)
             let base = pb.add(g0 * kc);
             for s in 0..slices {
                 let s0 = s * SLICE;
@@ -184,15 +192,16 @@ pub unsafe fn block(
                     if let Some(&i) = rows.get(r + 1) {
                         next = bits_of(a(i).add(s0), len);
                     }
-                    let (b, c) = (base.add(s0 * GROUP), dst(r, i).add(g0));
+                    let (b, c) = (base.add(s0 * bs), dst(r, i).add(g0));
                     if wide {
+                        debug_assert_eq!(bs, GROUP, "the wide chains read packed panels");
                         avx512::chain(row, bits, b, c, cols, s > 0);
                     } else {
                         // Eight-lane chains in passes of `avx2::HALF` columns (a pass over
                         // the whole group would need more registers than AVX2 has).
                         for h in (0..cols).step_by(avx2::HALF) {
                             let w = (cols - h).min(avx2::HALF);
-                            avx2::chain(row, bits, b.add(h), c.add(h), w, s > 0);
+                            avx2::chain(row, bits, b.add(h), bs, c.add(h), w, s > 0);
                         }
                     }
                 }
@@ -209,7 +218,7 @@ pub unsafe fn block(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (rows, kc, nc, a, pb, c, first, tmp, &mut fetch);
+        let _ = (rows, kc, nc, a, pb, bs, c, first, tmp, &mut fetch);
         unreachable!("sparse::available() is false off x86-64");
     }
 }
@@ -310,7 +319,6 @@ mod avx512 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::GROUP;
     use std::arch::x86_64::*;
 
     /// Columns of one pass over a row's non-zeros: eight 8-lane accumulators (with the
@@ -343,8 +351,8 @@ mod avx2 {
     }
 
     /// The AVX2 form of the AVX-512 `chain` over one pass of `cols <= HALF` columns (`b`,
-    /// `c`: the pass's first column): the row's non-zeros (`bits`) into eight-lane
-    /// accumulators. Each output element is the same FMA chain in the same step order, so
+    /// `c`: the pass's first column; step `t`'s row of `B` at `b + t * bs`): the row's
+    /// non-zeros (`bits`) into eight-lane accumulators. Each output element is the same FMA chain in the same step order, so
     /// the bits are those of the sixteen-lane kernel and of the dense one.
     ///
     /// # Safety
@@ -354,6 +362,7 @@ mod avx2 {
         a: *const f32,
         bits: u64,
         b: *const f32,
+        bs: usize,
         c: *mut f32,
         cols: usize,
         resume: bool,
@@ -364,7 +373,7 @@ mod avx2 {
             by_count!(
                 cols.div_ceil(8),
                 [8, 7, 6, 5, 4, 3, 2],
-                chain_q(a, bits, b, c, cols, resume)
+                chain_q(a, bits, b, bs, c, cols, resume)
             )
         }
     }
@@ -391,12 +400,14 @@ mod avx2 {
         a: *const f32,
         mut bits: u64,
         b: *const f32,
+        bs: usize,
         c: *mut f32,
         cols: usize,
         resume: bool,
     ) {
         // SAFETY: the caller's contract; masked loads and stores touch only `cols` floats of
-        // `c`, packed loads stay inside the group's rows (zero-padded past `nc`, aligned).
+        // `c`, loads of `B` stay inside the group's rows (packed: zero-padded past `nc`; in
+        // place: `nc` a multiple of 8, so `8 * Q` floats of a row are inside it).
         unsafe {
             let mask = |q: usize| lanes8(cols.saturating_sub(8 * q));
             let mut acc = [_mm256_setzero_ps(); Q];
@@ -413,9 +424,9 @@ mod avx2 {
                 let t = bits.trailing_zeros() as usize;
                 bits &= bits - 1;
                 let v = _mm256_broadcast_ss(&*a.add(t));
-                let row = b.add(t * GROUP);
+                let row = b.add(t * bs);
                 for (q, x) in acc.iter_mut().enumerate() {
-                    *x = _mm256_fmadd_ps(v, _mm256_load_ps(row.add(8 * q)), *x);
+                    *x = _mm256_fmadd_ps(v, _mm256_loadu_ps(row.add(8 * q)), *x);
                 }
             }
             for (q, x) in acc.iter().enumerate() {
