@@ -20,7 +20,8 @@
 //! 60 % non-zero (a ReLU output, or a gradient masked by one: two of an MoE expert's six
 //! GEMMs) is multiplied by its non-zeros only, each one a broadcast against a packed row of
 //! `B` into sixteen-lane accumulators (AVX-512) or eight-lane ones (AVX2, two passes per
-//! 128-column group). A column-major one is first copied row-major
+//! 128-column group; a `B` already laid out as one group, row-major with at most 128
+//! columns, is read in place). A column-major one is first copied row-major
 //! (the ReLU output read transposed in the down-projection's weight gradient `h^T dy`, and
 //! the masked gradient in the up-projection's `dh'^T x`, whose result is stored transposed:
 //! it is computed row-major, then stored by register transposes; four of the six). The
