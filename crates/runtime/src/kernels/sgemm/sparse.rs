@@ -13,17 +13,18 @@
 //! in L1 while every row of `A` passes over it. Where `B` is already one such group (row
 //! major, at most 128 columns, a multiple of 8, consecutive steps: an expert's `Wo`, `dy`
 //! and `x`) and the CPU has no AVX-512 tiles, its rows are read in place after a read-only
-//! finiteness check, instead of copied into the same layout. Each row's mask is taken before the
-//! previous row's chain runs, so its loads of `A` are in flight meanwhile.
+//! finiteness check, instead of copied into the same layout. Each row's mask is taken
+//! before the previous row's chain runs, so its loads of `A` are in flight meanwhile.
 //!
-//! Numerics: bitwise those of the dense micro-kernel, with one exception. Each output element is still the
-//! FMA chain of its products in increasing step order, one `KC` block after the other
-//! (block 0 written, later blocks computed apart and added), and a skipped term is `0 · b`
-//! with `b` finite (the caller packs `B` with its finiteness check and multiplies a
-//! non-finite block densely): such a term is `±0`, and adding `±0` to an f32 chain leaves
-//! it unchanged unless the chain is `-0`, which it is only after a product underflowed to
-//! `-0` (magnitude below 2^-150): there a later left-out `0 * b` would have turned the
-//! dense sum into `+0`, so the one exception is the sign of such a zero. A partial chain is
+//! Numerics: bitwise those of the dense micro-kernel, with one exception. Each output
+//! element is still the FMA chain of its products in increasing step order, one `KC` block
+//! after the other (block 0 written, later blocks computed apart and added), and a skipped
+//! term is `0 · b` with `b` finite (the caller checks `B`'s block as it packs or before it
+//! reads it in place, and multiplies a non-finite block densely): such a term is `±0`, and
+//! adding `±0` to an f32 chain leaves it unchanged unless the chain is `-0`, which it is
+//! only after a product underflowed to `-0` (magnitude below 2^-150): there a later
+//! left-out `0 * b` would have turned the dense sum into `+0`, so the one exception is the
+//! sign of such a zero. A partial chain is
 //! stored as f32 and reloaded between slices of steps, which changes nothing.
 //!
 //! Measured here (one thread, `m = 128`, `k = 512`, `n = 128` with half of `A` zero, hot
@@ -121,9 +122,9 @@ pub unsafe fn worth(rows: &[usize], k: usize, a: impl Fn(usize) -> *const f32) -
 /// packed by `pack_b` in panels `GROUP` columns wide (`pb[g*GROUP*kc + kk*GROUP + j]`,
 /// zero past `nc`; `bs = GROUP`), or read in place when it is one group whose rows are
 /// contiguous (`nc <= GROUP`, a multiple of 8; step `kk`'s row at `pb + kk*bs`), `C`'s row
-/// `i` at `c(i)` (`nc` contiguous floats). `first`: write the
-/// block's sums; otherwise add them to `C` (the sums are formed apart in `tmp`,
-/// `rows.len() * nc` floats, then added: the dense kernel's order). `fetch` is called once per row and slice.
+/// `i` at `c(i)` (`nc` contiguous floats). `first`: write the block's sums; otherwise add
+/// them to `C` (the sums are formed apart in `tmp`, `rows.len() * nc` floats, then added:
+/// the dense kernel's order). `fetch` is called once per row and slice.
 ///
 /// # Safety
 /// [`available`]; the pointers address what is said above, and no other thread touches the
@@ -352,8 +353,9 @@ mod avx2 {
 
     /// The AVX2 form of the AVX-512 `chain` over one pass of `cols <= HALF` columns (`b`,
     /// `c`: the pass's first column; step `t`'s row of `B` at `b + t * bs`): the row's
-    /// non-zeros (`bits`) into eight-lane accumulators. Each output element is the same FMA chain in the same step order, so
-    /// the bits are those of the sixteen-lane kernel and of the dense one.
+    /// non-zeros (`bits`) into eight-lane accumulators. Each output element is the same FMA
+    /// chain in the same step order, so the bits are those of the sixteen-lane kernel and of
+    /// the dense one.
     ///
     /// # Safety
     /// As [`super::block`]; every set bit's float readable at `a`.
