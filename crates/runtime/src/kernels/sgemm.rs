@@ -67,6 +67,19 @@ const KC: usize = 256;
 const MC: usize = 144;
 /// Columns of `B` packed at once (`KC x NC` = 1 MiB, in L3).
 const NC: usize = 1024;
+/// Floats between one packed `NR`-wide panel of `B` and the next beyond the panel itself
+/// (one cache line). Unpadded, panels of 128 or 256 steps lie 8 or 16 KiB apart, so a row
+/// of a row-major `B` is packed into lines that all map to one L1 set: the copy thrashed
+/// that set and took a fifth of a `128 x 512 x 128` product's time on Zen 5 (hot). With a
+/// line between them, the panels' lines of one step fall in consecutive sets.
+const PANEL_PAD: usize = NR;
+
+/// Floats from one packed `W`-wide panel of `B` to the next, for a block of `kc` steps:
+/// the `NR`-wide panels of the micro-kernels are padded ([`PANEL_PAD`]); the row-sparse
+/// path's [`sparse::GROUP`]-wide ones are not (a step's columns are one run already).
+const fn panel_stride(width: usize, kc: usize) -> usize {
+    width * kc + if width == NR { PANEL_PAD } else { 0 }
+}
 /// Below this many multiply-adds (`m n k`) a GEMM neither looks for zero rows nor fetches
 /// the next GEMM's operands (attention's per-head products: the scans and prefetches took
 /// half of their time). The values are the same either way.
@@ -460,7 +473,7 @@ unsafe fn sgemm_impl(
                 let mut bufs = cell.borrow_mut();
                 let (sa, sb, st) = &mut *bufs;
                 let pa = sa.get(MC.div_ceil(MR) * MR * KC);
-                let pb = sb.get(NC.div_ceil(NR) * NR * KC);
+                let pb = sb.get(NC.div_ceil(NR) * panel_stride(NR, KC));
                 let tmp = if sparse_a && ks.len() > KC {
                     st.get(live.len() * n.min(NC))
                 } else {
@@ -611,7 +624,8 @@ unsafe fn blocked(
                         }
                         for jr in (0..nc).step_by(width) {
                             let nr = width.min(nc - jr);
-                            let bp = pb[jr * kc..].as_ptr();
+                            let ps = panel_stride(NR, kc);
+                            let bp = pb[jr / NR * ps..].as_ptr();
                             for (t, tile) in rblk.chunks(MR).enumerate() {
                                 // The wide kernel spreads its share of the fetches over its
                                 // steps; the AVX2 one takes them before the tile.
@@ -635,7 +649,7 @@ unsafe fn blocked(
                                     }
                                     if wide {
                                         wide::tile_rows(
-                                            kc, &arow, bp, &crow, c.cs, mr, nr, first, pf,
+                                            kc, &arow, bp, ps, &crow, c.cs, mr, nr, first, pf,
                                         );
                                     } else {
                                         avx2::tile_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
@@ -643,7 +657,7 @@ unsafe fn blocked(
                                 } else {
                                     let ap = pa[t * MR * kc..].as_ptr();
                                     if wide {
-                                        wide::tile(kc, ap, bp, &crow, c.cs, mr, nr, first, pf);
+                                        wide::tile(kc, ap, bp, ps, &crow, c.cs, mr, nr, first, pf);
                                     } else {
                                         avx2::tile(kc, ap, bp, &crow, c.cs, mr, nr, first);
                                     }
@@ -957,7 +971,7 @@ unsafe fn pack_a(
 
 /// Pack steps `kidx` of an `? x nc` block of B into column panels `W` wide (a multiple of
 /// `NR`; a constant, so the offsets below are shifts): panel `p`, step `k`, column `j` at
-/// `dst[p*W*kc + k*W + j]`, columns
+/// `dst[p*panel_stride(W, kc) + k*W + j]`, columns
 /// past `nc` zero. The micro-kernel reads `NR`-wide panels; the row-sparse path
 /// ([`sparse`]) reads [`sparse::GROUP`]-wide ones, so that a slice of steps of one group is
 /// one compact block in L1 (with `NR`-wide panels a step's columns lie 16 KiB apart, all in
@@ -966,7 +980,7 @@ unsafe fn pack_a(
 ///
 /// # Safety
 /// Every `b[k*rs + j*cs]` for `k` in `kidx`, `j < nc` is readable; `dst` holds
-/// `nc.div_ceil(W) * W * kidx.len()` floats, 32-byte aligned.
+/// `nc.div_ceil(W) * panel_stride(W, kidx.len())` floats, 32-byte aligned.
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
 unsafe fn pack_b<const W: usize>(
     kidx: &[usize],
@@ -980,11 +994,12 @@ unsafe fn pack_b<const W: usize>(
     debug_assert!(W.is_multiple_of(NR));
     let width = W;
     let kc = kidx.len();
+    let ps = panel_stride(width, kc);
     // Where an `NR`-wide chunk of columns from `j` starts at step `kk`.
-    let at = |j: usize, kk: usize| (j / width) * width * kc + kk * width + j % width;
+    let at = |j: usize, kk: usize| (j / width) * ps + kk * width + j % width;
     if !nc.is_multiple_of(width) {
         let p = nc / width;
-        dst[p * width * kc..(p + 1) * width * kc].fill(0.0);
+        dst[p * ps..p * ps + width * kc].fill(0.0);
     }
     // `x * 0 == 0` exactly when `x` is finite; folded with `&` so it vectorises.
     let mut finite = true;

@@ -243,7 +243,7 @@ unsafe fn rows<const R: usize, const P: usize>(
     unsafe { kernel::<R, P>(kc, |i, p| r[i].add(p), b, ps, c, cs, nr, first, pf) }
 }
 
-/// One `mr x nr` tile (`nr <= PANELS * NR`) from a packed A panel.
+/// One `mr x nr` tile (`nr <= PANELS * NR`) from a packed A panel; B's panels `ps` apart.
 ///
 /// # Safety
 /// As [`kernel`] with `R = mr` (`1 <= mr <= MR`), `P = nr.div_ceil(NR)`, `kc * MR` floats
@@ -255,6 +255,7 @@ pub(super) unsafe fn tile(
     kc: usize,
     a: *const f32,
     b: *const f32,
+    ps: usize,
     c: &[*mut f32; MR],
     cs: usize,
     mr: usize,
@@ -262,7 +263,6 @@ pub(super) unsafe fn tile(
     first: bool,
     pf: (usize, usize),
 ) {
-    let ps = kc * NR;
     // SAFETY: the caller's contract.
     unsafe {
         by_shape!(
@@ -273,7 +273,7 @@ pub(super) unsafe fn tile(
     }
 }
 
-/// One `mr x nr` tile (`nr <= PANELS * NR`) reading A in place.
+/// One `mr x nr` tile (`nr <= PANELS * NR`) reading A in place; B's panels `ps` apart.
 ///
 /// # Safety
 /// As [`kernel`] with `R = mr` (`1 <= mr <= MR`), `P = nr.div_ceil(NR)`, `kc` floats
@@ -285,6 +285,7 @@ pub(super) unsafe fn tile_rows(
     kc: usize,
     a: &[*const f32; MR],
     b: *const f32,
+    ps: usize,
     c: &[*mut f32; MR],
     cs: usize,
     mr: usize,
@@ -292,7 +293,6 @@ pub(super) unsafe fn tile_rows(
     first: bool,
     pf: (usize, usize),
 ) {
-    let ps = kc * NR;
     // SAFETY: the caller's contract.
     unsafe {
         by_shape!(
