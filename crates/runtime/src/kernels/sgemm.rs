@@ -20,8 +20,9 @@
 //! 60 % non-zero (a ReLU output, or a gradient masked by one: two of an MoE expert's six
 //! GEMMs) is multiplied by its non-zeros only, each one a broadcast against a packed row of
 //! `B` into sixteen-lane accumulators (AVX-512) or eight-lane ones (AVX2, two passes per
-//! 128-column group; a `B` already laid out as one group, row-major with at most 128
-//! columns, is read in place). A column-major one is first copied row-major
+//! 128-column group); a `B` already laid out as one group (row-major with 128 columns, or
+//! at most 128 for the eight-lane chains) is read in place. A column-major `A` is first
+//! copied row-major
 //! (the ReLU output read transposed in the down-projection's weight gradient `h^T dy`, and
 //! the masked gradient in the up-projection's `dh'^T x`, whose result is stored transposed:
 //! it is computed row-major, then stored by register transposes; four of the six). The
@@ -236,8 +237,8 @@ pub fn sparse_blocks_run_here() -> usize {
 }
 
 /// Bit `t` set for each non-zero (NaN included; `-0` is zero) of the `run.len() <= 64`
-/// floats of `run`, by AVX2 compares and movemasks (the one-hot products' scans of their
-/// masks); `None` where the CPU lacks them (the caller folds the values itself).
+/// floats of `run`, by AVX-512 or AVX2 compares (the one-hot products' scans of their
+/// masks); `None` where the CPU lacks AVX2 (the caller folds the values itself).
 #[inline]
 pub fn nonzero_bits64(run: &[f32]) -> Option<u64> {
     assert!(run.len() <= 64, "at most 64 floats");
@@ -567,15 +568,19 @@ unsafe fn blocked(
                 let a0 = if compact_a { pc } else { kidx[0] };
                 // The row-sparse path needs B finite (it leaves out `0 * b`); a non-finite
                 // block is multiplied densely. B is read in place where its block is one
-                // 128-column group of contiguous rows over consecutive steps (the eight-lane
-                // chains, so only on CPUs without the wide tiles, whatever `set_wide` says;
-                // `Wo`, `dy` and `x` in three of an expert's four row-sparse GEMMs): its
-                // packed copy would be the same layout. Otherwise it is packed.
-                let in_place_b = !wide::available()
-                    && b.cs == 1
-                    && nc <= sparse::GROUP
-                    && nc.is_multiple_of(8)
-                    && kidx[kc - 1] - kidx[0] == kc - 1;
+                // 128-column group of contiguous rows over consecutive steps (`Wo`, `dy`
+                // and `x` in three of an expert's four row-sparse GEMMs): its packed copy
+                // would be the same layout. The sixteen-lane chains read whole 128-float
+                // rows `GROUP` apart, so on CPUs with the wide tiles (whatever `set_wide`
+                // says) the rows must be exactly that: `nc` and the row stride 128.
+                // Otherwise it is packed.
+                let in_place_b = b.cs == 1
+                    && kidx[kc - 1] - kidx[0] == kc - 1
+                    && if wide::available() {
+                        nc == sparse::GROUP && b.rs == sparse::GROUP
+                    } else {
+                        nc <= sparse::GROUP && nc.is_multiple_of(8)
+                    };
                 let sparse_b = if !(sparse_a && direct) {
                     None
                 } else if in_place_b {

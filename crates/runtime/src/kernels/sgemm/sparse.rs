@@ -11,9 +11,10 @@
 //! into eight 16-lane accumulators (128 columns of `C`) against the step's packed row of
 //! `B`. The block of `B` that a slice of steps meets (64 steps x 128 columns, 32 KiB) stays
 //! in L1 while every row of `A` passes over it. Where `B` is already one such group (row
-//! major, at most 128 columns, a multiple of 8, consecutive steps: an expert's `Wo`, `dy`
-//! and `x`) and the CPU has no AVX-512 tiles, its rows are read in place after a read-only
-//! finiteness check, instead of copied into the same layout. Each row's mask is taken
+//! major over consecutive steps: an expert's `Wo`, `dy` and `x`; exactly 128 columns for
+//! the sixteen-lane chains, at most 128 and a multiple of 8 for the eight-lane ones), its
+//! rows are read in place after a read-only finiteness check, instead of copied into the
+//! same layout. Each row's mask is taken
 //! before the previous row's chain runs, so its loads of `A` are in flight meanwhile.
 //!
 //! Numerics: bitwise those of the dense micro-kernel, with one exception. Each output
@@ -83,14 +84,21 @@ pub fn available() -> bool {
 }
 
 /// Bit `t` set for each non-zero (NaN included) of the `len <= 64` floats at `a` (the
-/// eight-lane scan; also the one-hot products' mask scans, `sgemm::nonzero_bits64`).
+/// one-hot products' mask scans, `sgemm::nonzero_bits64`): the sixteen-lane scan where the
+/// CPU has AVX-512, the eight-lane one otherwise (the same bits).
 ///
 /// # Safety
 /// [`available`]; `len` floats readable at `a`.
 #[cfg(target_arch = "x86_64")]
 pub(super) unsafe fn nonzero_bits(a: *const f32, len: usize) -> u64 {
-    // SAFETY: the caller's contract.
-    unsafe { avx2::nonzero_bits(a, len) }
+    // SAFETY: the caller's contract; AVX-512F checked for the wide scan.
+    unsafe {
+        if crate::kernels::has_avx512f() {
+            avx512::nonzero_bits(a, len)
+        } else {
+            avx2::nonzero_bits(a, len)
+        }
+    }
 }
 
 /// Whether up to eight evenly spaced rows of `rows` (row `i`'s `k` contiguous floats at
@@ -121,15 +129,15 @@ pub unsafe fn worth(rows: &[usize], k: usize, a: impl Fn(usize) -> *const f32) -
 /// `rows`, `A`'s row `i` at `a(i)` (`kc` contiguous floats: the block's steps), `B` finite,
 /// packed by `pack_b` in panels `GROUP` columns wide (`pb[g*GROUP*kc + kk*GROUP + j]`,
 /// zero past `nc`; `bs = GROUP`), or read in place when it is one group whose rows are
-/// contiguous (`nc <= GROUP`, a multiple of 8; step `kk`'s row at `pb + kk*bs`), `C`'s row
+/// contiguous (`nc <= GROUP`, a multiple of 8; step `kk`'s row at `pb + kk*bs`; with the
+/// sixteen-lane chains `nc = bs = GROUP`), `C`'s row
 /// `i` at `c(i)` (`nc` contiguous floats). `first`: write the block's sums; otherwise add
 /// them to `C` (the sums are formed apart in `tmp`, `rows.len() * nc` floats, then added:
 /// the dense kernel's order). `fetch` is called once per row and slice.
 ///
 /// # Safety
 /// [`available`]; the pointers address what is said above, and no other thread touches the
-/// rows of `C`; `B` read in place only where the CPU has no wide tiles (the eight-lane
-/// chains).
+/// rows of `C`; `B` read in place with `bs = GROUP` where the sixteen-lane chains run.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block(
     rows: &[usize],
@@ -195,7 +203,7 @@ pub unsafe fn block(
                     }
                     let (b, c) = (base.add(s0 * bs), dst(r, i).add(g0));
                     if wide {
-                        debug_assert_eq!(bs, GROUP, "the wide chains read packed panels");
+                        debug_assert_eq!(bs, GROUP, "the wide chains read rows GROUP apart");
                         avx512::chain(row, bits, b, c, cols, s > 0);
                     } else {
                         // Eight-lane chains in passes of `avx2::HALF` columns (a pass over
@@ -238,8 +246,18 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn nonzero_bits(a: *const f32, len: usize) -> u64 {
         debug_assert!(len <= 64);
-        // SAFETY: masked loads read only the `len` floats.
+        // SAFETY: masked loads read only the `len` floats; a whole slice's four loads
+        // read its 64.
         unsafe {
+            if len == 64 {
+                // A whole slice (all but a block's last): four plain loads, no lane masks.
+                let z = _mm512_setzero_ps();
+                let m: [u64; 4] = std::array::from_fn(|q| {
+                    let v = _mm512_loadu_ps(a.add(16 * q));
+                    u64::from(_mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(v, z))
+                });
+                return m[0] | m[1] << 16 | m[2] << 32 | m[3] << 48;
+            }
             let mut bits = 0u64;
             for t in (0..len).step_by(16) {
                 let v = _mm512_maskz_loadu_ps(lanes(len - t), a.add(t));
@@ -293,7 +311,7 @@ mod avx512 {
         resume: bool,
     ) {
         // SAFETY: the caller's contract; masked loads and stores touch only `cols` floats of
-        // `c`, packed loads stay inside the group's rows (zero-padded past `nc`).
+        // `c`, loads of `B` stay inside the group's rows (packed: zero-padded past `nc`).
         unsafe {
             let mask = |q: usize| lanes(cols.saturating_sub(16 * q));
             let mut acc = [_mm512_setzero_ps(); Q];
@@ -308,7 +326,8 @@ mod avx512 {
                 let v = _mm512_set1_ps(*a.add(t));
                 let row = b.add(t * GROUP);
                 for (q, x) in acc.iter_mut().enumerate() {
-                    *x = _mm512_fmadd_ps(v, _mm512_load_ps(row.add(16 * q)), *x);
+                    // Unaligned loads: `B` read in place sits wherever its caller put it.
+                    *x = _mm512_fmadd_ps(v, _mm512_loadu_ps(row.add(16 * q)), *x);
                 }
             }
             for (q, x) in acc.iter().enumerate() {
