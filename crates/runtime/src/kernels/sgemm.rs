@@ -22,10 +22,11 @@
 //! `B` into sixteen-lane accumulators (AVX-512) or eight-lane ones (AVX2, two passes per
 //! 128-column group); a `B` already laid out as one group (row-major with 128 columns, or
 //! at most 128 for the eight-lane chains) is read in place. A column-major `A` is first
-//! copied row-major
-//! (the ReLU output read transposed in the down-projection's weight gradient `h^T dy`, and
-//! the masked gradient in the up-projection's `dh'^T x`, whose result is stored transposed:
-//! it is computed row-major, then stored by register transposes; four of the six). The
+//! copied row-major (the ReLU output read transposed in the down-projection's weight
+//! gradient `h^T dy`, and the masked gradient in the up-projection's `dh'^T x`, whose
+//! result is stored transposed: it is computed row-major, then stored by register
+//! transposes, where the product has enough steps to pay for the copies: 128 with the AVX2
+//! tiles, 256 with the AVX-512 ones; four of the six, or three). The
 //! sums keep the dense kernel's order, so the bits are the same (but for the sign of a zero
 //! sum after an underflow, as with the zero rows [`sgemm`] skips; [`set_sparse_a`] turns
 //! the path off, for comparisons).
@@ -191,10 +192,26 @@ const ROWS_MAX: usize = 1 << 20;
 /// row-sparse path: each copied element then saves at least 64 multiply-adds' share.
 const COPIED_MIN_N: usize = 64;
 /// The fewest steps for which a row-sparse product stored transposed goes through a
-/// row-major result (the transpose costs about what 64 steps save at half density;
-/// measured on 512 x 128 results: 162 -> 143 us at 128 steps, 123 -> 182 us summed over
-/// 32 experts of 16 steps).
+/// row-major result, with the AVX2 tiles (the transpose costs about what 64 steps save at
+/// half density; measured on a Zen 3 core on 512 x 128 results: 162 -> 143 us at 128
+/// steps, 123 -> 182 us summed over 32 experts of 16 steps).
 const TRANSPOSED_MIN_K: usize = 128;
+/// [`TRANSPOSED_MIN_K`] where the AVX-512 tiles run. A Zen 5 core's full-width FMAs run
+/// the dense product at twice the AVX2 rate, while the copy of `A` and the transposed store
+/// stay memory passes: at 128 steps (the small MoE layer's `dh'^T x`, 512 x 128 results)
+/// the dense kernel made the whole 8-device step 1.5 % faster (in-process A/B, paired
+/// medians of 99 steps, twice), though the row-sparse path still won hot.
+const TRANSPOSED_MIN_K_WIDE: usize = 256;
+
+/// The fewest steps for the row-sparse path with a transposed result on this CPU (by
+/// hardware, not [`set_wide`], so that both tiles take the same path).
+fn transposed_min_k() -> usize {
+    if wide::available() {
+        TRANSPOSED_MIN_K_WIDE
+    } else {
+        TRANSPOSED_MIN_K
+    }
+}
 
 /// Whether the dense micro-kernel may use the AVX-512 tile ([`wide`]); on by default. Both
 /// tiles give the same bits (tests check that); this exists to compare them.
@@ -328,7 +345,7 @@ unsafe fn sgemm_impl(
     // operands below would make the sparse one `B`. The product is computed row-major on
     // the row-sparse path instead, then stored transposed by 8x8 register transposes.
     // The store costs a pass over the result, which the products' savings cover when
-    // each result element sums at least [`TRANSPOSED_MIN_K`] of them.
+    // each result element sums at least [`transposed_min_k`] of them.
     // SAFETY: the caller's contract (`worth` reads `m` floats of sampled columns of A).
     if transposed
         && c.cols.is_null()
@@ -337,7 +354,7 @@ unsafe fn sgemm_impl(
         && a.cs != 1
         && m >= MR
         && n >= COPIED_MIN_N
-        && k >= TRANSPOSED_MIN_K
+        && k >= transposed_min_k()
         && m * n * k >= 1 << 18
         && m * k <= ROWS_MAX
         && m * n <= ROWS_MAX
@@ -1870,12 +1887,13 @@ mod tests {
                     ..MatMut::strided(ptr, n, 1)
                 });
                 assert_eq!(blocks > 0, finite || k > KC, "{m}x{n}x{k} with a row table");
-                // The result stored transposed: computed row-major, then transposed.
+                // The result stored transposed: computed row-major, then transposed (with
+                // enough steps for this CPU; otherwise densely, as `B^T A^T`).
                 let (t, blocks) =
                     on_both_paths((m, n, k), ar, br, |ptr| MatMut::strided(ptr, 1, m));
                 assert_eq!(
                     blocks > 0,
-                    finite || k > KC,
+                    (finite || k > KC) && k >= transposed_min_k(),
                     "{m}x{n}x{k} stored transposed"
                 );
                 for i in 0..m {
