@@ -1468,7 +1468,8 @@ pub fn dot_masked_sums(
 }
 
 /// The sums of [`dot_masked_sums`] from a computed dense product `prod` (the untransposed
-/// result): every term, in order, as the separate multiply and reduce compute them.
+/// result): every term, in order, as the separate multiply and reduce compute them (long
+/// rows by [`row_sum_certified`] where that settles the result).
 pub fn masked_row_sums(n: usize, prod: &[f32], mask: &[f32], sums: &mut [f32]) {
     assert_eq!(prod.len(), mask.len());
     assert_eq!(prod.len(), sums.len() * n);
@@ -1479,11 +1480,78 @@ pub fn masked_row_sums(n: usize, prod: &[f32], mask: &[f32], sums: &mut [f32]) {
     sums.par_iter_mut()
         .zip(prod.par_chunks(n).zip(mask.par_chunks(n)))
         .for_each(|(s, (x, w))| {
-            *s = x
-                .iter()
-                .zip(w)
-                .fold(0.0f64, |acc, (&x, &w)| acc + (x * w) as f64) as f32;
+            *s = if n >= CERTIFIED_MIN {
+                row_sum_certified(x, w)
+            } else {
+                None
+            }
+            .unwrap_or_else(|| row_sum_in_order(x, w));
         });
+}
+
+/// The fewest terms for which a row's sum of products is first tried in lanes
+/// ([`row_sum_certified`]): an in-order f64 chain costs an add's latency per term (the
+/// MoE layer's loss, 64K terms: 35 us hot on a Zen 5 core), the lanes a fraction of that.
+const CERTIFIED_MIN: usize = 1024;
+
+/// `sum_j (x[j] * w[j]) as f64` in increasing `j` from `+0`, rounded once to f32: the
+/// reference's sum of an f32 product.
+fn row_sum_in_order(x: &[f32], w: &[f32]) -> f32 {
+    x.iter()
+        .zip(w)
+        .fold(0.0f64, |acc, (&x, &w)| acc + (x * w) as f64) as f32
+}
+
+/// [`row_sum_in_order`]'s result, when it can be proven from a sum in sixteen f64 lanes;
+/// `None` otherwise (a non-finite term, or a sum too close to a rounding boundary of f32).
+///
+/// The terms `t_j` (the f32 products, exact in f64) are summed in lanes, and `sum |t_j|`
+/// beside them. A sum of `n` f64 terms evaluated along a tree of height `h` lands within
+/// `gamma(h) sum |t_j|` of the exact sum (`u = 2^-53`, `gamma(h) = h u / (1 - h u)`;
+/// Higham, *Accuracy and Stability of Numerical Algorithms*, 4.2), so the in-order chain
+/// (height `n - 1`) lies within the sum of the two sums' bounds of the lanes' sum (the
+/// interval below). Rounding to f32 is monotonic: when both ends of that interval
+/// round to the same f32 (the same bits, so `-0` and `+0` differ), the chain rounds to it
+/// too. Otherwise the caller runs the chain.
+fn row_sum_certified(x: &[f32], w: &[f32]) -> Option<f32> {
+    with_avx2(
+        #[inline(always)]
+        || {
+            const L: usize = 16;
+            let (mut sum, mut abs) = ([0.0f64; L], [0.0f64; L]);
+            let (xc, wc) = (x.chunks_exact(L), w.chunks_exact(L));
+            let (xr, wr) = (xc.remainder(), wc.remainder());
+            for (a, b) in xc.zip(wc) {
+                for q in 0..L {
+                    let t = (a[q] * b[q]) as f64;
+                    sum[q] += t;
+                    abs[q] += t.abs();
+                }
+            }
+            for (q, (&a, &b)) in xr.iter().zip(wr).enumerate() {
+                let t = (a * b) as f64;
+                sum[q] += t;
+                abs[q] += t.abs();
+            }
+            let s: f64 = sum.iter().sum();
+            let a: f64 = abs.iter().sum();
+            // Finite f32 products cannot overflow an f64 sum, so `a` is finite exactly when
+            // every term is.
+            if !a.is_finite() {
+                return None;
+            }
+            let u = f64::EPSILON / 2.0;
+            // The chain's error is at most `gamma(n - 1) A`, the lanes' (each lane's run of
+            // at most `n / 16 + 1` terms, then the sixteen lanes) `gamma(h) A` with
+            // `h = n / 16 + 17`, where `A = sum |t_j|` and `gamma(k) = k u / (1 - k u)`,
+            // under `1.01 k u` here (`n` far below 2^40). `a` is `A` summed the lanes' way,
+            // so `A <= a (1 + 2 h u)`. Then slack for the two additions below.
+            let (n, h) = (x.len() as f64, (x.len() / L + L + 1) as f64);
+            let e = 1.01 * (n + h) * u * a * (1.0 + 2.0 * h * u) + 4.0 * u * s.abs();
+            let (lo, hi) = ((s - e) as f32, (s + e) as f32);
+            (lo.to_bits() == hi.to_bits()).then_some(lo)
+        },
+    )
 }
 
 /// Whether the masked product applies (see [`dot_masked`]): a non-empty product, masks of
@@ -1629,6 +1697,75 @@ pub fn accumulation(dtype: DType) -> DType {
 mod tests {
     use super::*;
     use ir::DotDims;
+
+    /// Long rows' sums of products (the loss) come out bitwise as the in-order f64 chain
+    /// gives them: random rows of mixed signs and magnitudes, rows whose sum cancels to
+    /// zero or near a rounding boundary, where the lanes' sum differs from the chain's (the
+    /// certificate must refuse it), and non-finite terms.
+    #[test]
+    fn long_row_sums_equal_the_in_order_chain() {
+        let mut state = 0x9e37_79b9u32;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state
+        };
+        let check = |x: &[f32], w: &[f32], what: &str| {
+            let want = row_sum_in_order(x, w);
+            let mut got = [0.0f32];
+            masked_row_sums(x.len(), x, w, &mut got);
+            assert!(
+                got[0].to_bits() == want.to_bits() || (got[0].is_nan() && want.is_nan()),
+                "{what}: {} against the chain's {want}",
+                got[0]
+            );
+        };
+        let mut settled = 0;
+        for (case, n) in [1024usize, 1025, 4000, 65536, 70001].iter().enumerate() {
+            for scale in [1.0f32, 1e-20, 1e20] {
+                let x: Vec<f32> = (0..*n)
+                    .map(|_| (next() as f32 / u32::MAX as f32 - 0.5) * scale)
+                    .collect();
+                let w: Vec<f32> = (0..*n).map(|_| (next() % 3) as f32 * 0.5).collect();
+                check(&x, &w, &format!("case {case} scale {scale}"));
+                settled += usize::from(row_sum_certified(&x, &w).is_some());
+                // The same terms and their negations: the sum cancels to (near) zero.
+                let xx: Vec<f32> = x.iter().chain(x.iter()).copied().collect();
+                let mut ww = w.clone();
+                ww.extend(w.iter().map(|v| -v));
+                check(&xx, &ww, &format!("case {case} scale {scale} cancelling"));
+            }
+        }
+        // The certificate is a worst-case bound, so rows whose sum cancels deeply are left to
+        // the chain; most random rows settle.
+        assert!(
+            settled >= 10,
+            "the lanes settled only {settled} of 15 random rows"
+        );
+        // 2^60, then 1, then -2^60 in the same lane: the chain loses the 1 (f64 has 53
+        // bits), a lane sum keeps it. The certificate must not take the lanes' 1.
+        let mut x = vec![0.0f32; 2048];
+        let w = vec![1.0f32; 2048];
+        x[0] = 2f32.powi(60);
+        x[1] = 1.0;
+        x[16] = -(2f32.powi(60));
+        assert_eq!(row_sum_in_order(&x, &w), 0.0);
+        assert_eq!(row_sum_certified(&x, &w), None);
+        check(&x, &w, "absorbed term");
+        // Non-finite terms: the chain decides.
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut x = vec![0.25f32; 2048];
+            x[777] = bad;
+            assert_eq!(row_sum_certified(&x, &w), None);
+            check(&x, &w, &format!("{bad} term"));
+        }
+        // Zeros only: `+0`, as the chain from `+0` gives (`-0` terms included).
+        let z: Vec<f32> = (0..2048)
+            .map(|i| if i % 2 == 0 { -0.0 } else { 0.0 })
+            .collect();
+        check(&z, &w, "zeros");
+    }
 
     /// The bit-mask walk visits exactly the non-zeros (NaN included, `-0` not), in order,
     /// across block boundaries and a short last block.
