@@ -15,7 +15,9 @@
 //! f32 binaries, compares and selects are read as registers (no lane loads), and an f32
 //! binary root whose other operand is the in-place input (a GEMM epilogue's `dot * x`,
 //! `max(dot, 0)`) computes straight from the output chunk, without copying it to scratch.
-//! One group has a one-pass kernel of its own: the ReLU's derivative applied to a gradient
+//! Two groups have one-pass kernels of their own: the ReLU epilogue `max(x, +0)` over the
+//! in-place input (about 10 us against 2 for 64K values on a Zen 5 core), and the ReLU's
+//! derivative applied to a gradient
 //! (`g * select(d > 0, 1, select(d == 0, 0.5, 0))`, the expert's backward epilogue), which the
 //! interpreter would run as seven passes per chunk (27-38 us against 9 us for 64K elements).
 //!
@@ -1320,6 +1322,32 @@ struct ReluGrad {
     v: f32,
 }
 
+/// Whether the group is `max(x, +0)` (either operand order) of the f32 in-place input `x`
+/// alone, a ReLU epilogue: one pass over the output, where the chunk evaluator takes
+/// several (about 10 us against 2 for 64K values on a Zen 5 core). `Some(true)` when `x` is the
+/// first operand.
+fn relu_in_place_of(f: &Fused, inplace: Option<usize>) -> Option<bool> {
+    let k = inplace?;
+    let [(a, DType::F32), (b, DType::F32), (Node::Binary(BinaryOp::Max, x, y), DType::F32)] =
+        f.nodes.as_slice()
+    else {
+        return None;
+    };
+    let input = |n: &Node| *n == Node::Input(k);
+    let zero = |n: &Node| matches!(n, Node::Splat(z) if z.to_bits() == 0);
+    let input_at = if input(a) && zero(b) {
+        0
+    } else if zero(a) && input(b) {
+        1
+    } else {
+        return None;
+    };
+    match (*x, *y) {
+        (0, 1) | (1, 0) => Some(*x == input_at),
+        _ => None,
+    }
+}
+
 fn relu_grad_of(f: &Fused) -> Option<ReluGrad> {
     let node = |j: usize| &f.nodes[j];
     let splat = |j: usize| splat_of(f, j).map(|s| s.0);
@@ -1404,6 +1432,27 @@ fn run_special<T: Store>(
 ) -> bool {
     if !T::DIRECT || out.len() < CHUNK {
         return false;
+    }
+    if let Some(input_first) = relu_in_place_of(f, inplace) {
+        let LaneMut::F(o) = T::direct(out) else {
+            return false;
+        };
+        // The node's own operand order (`fmax32` is symmetric but for which NaN it keeps).
+        let relu = |v: f32| {
+            if input_first {
+                fmax32(v, 0.0)
+            } else {
+                fmax32(0.0, v)
+            }
+        };
+        super::with_avx2(
+            #[inline(always)]
+            || match pre {
+                Some(x) => o.iter_mut().zip(x).for_each(|(d, &v)| *d = relu(v)),
+                None => o.iter_mut().for_each(|d| *d = relu(*d)),
+            },
+        );
+        return true;
     }
     let Some(r) = relu_grad_of(f) else {
         return false;
@@ -1743,6 +1792,69 @@ mod tests {
                 assert_eq!(bits(&got), bits(&want[5..]), "from the GEMM's values");
             }
             assert_eq!(relu_grad_of(&group(coded, true, CompareOp::Ge)), None);
+        }
+    }
+
+    /// A ReLU epilogue (`max(x, +0)` of the in-place input, either operand order) takes one
+    /// pass with the interpreter's bits on every class of f32 (NaNs of both signs, `-0`,
+    /// infinities, subnormals), in place and from a GEMM's values; `max(x, -0)`, a
+    /// non-zero constant, or an input that is not the in-place one stay with the
+    /// interpreter.
+    #[test]
+    fn relu_epilogues_take_one_pass_with_the_interpreters_bits() {
+        let specials = [
+            0.0f32,
+            -0.0,
+            1.5,
+            -1.5,
+            1e-45,
+            -1e-45,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+        ];
+        let n = 2 * CHUNK + 11;
+        let xs: Vec<f32> = (0..n)
+            .map(|i| specials.get(i).copied().unwrap_or((i as f32 * 0.37).sin()))
+            .collect();
+        let group = |x_first: bool, zero: f64| {
+            let nodes = if x_first {
+                vec![
+                    (Node::Input(0), DType::F32),
+                    (Node::Splat(zero), DType::F32),
+                    (Node::Binary(BinaryOp::Max, 0, 1), DType::F32),
+                ]
+            } else {
+                vec![
+                    (Node::Splat(zero), DType::F32),
+                    (Node::Input(0), DType::F32),
+                    (Node::Binary(BinaryOp::Max, 0, 1), DType::F32),
+                ]
+            };
+            Fused {
+                len: n,
+                nodes,
+                n_inputs: 1,
+            }
+        };
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let x = Data::F32(xs.clone());
+        for x_first in [true, false] {
+            let f = group(x_first, 0.0);
+            assert_eq!(relu_in_place_of(&f, Some(0)), Some(x_first));
+            assert_eq!(relu_in_place_of(&f, None), None, "not in place");
+            let mut want = vec![0.0f32; n];
+            run_range_impl(&f, &[&x], 0, &mut want, None, None);
+            let mut got = xs.clone();
+            run_fused_part(&f, &[&x], 0, &mut got, 0, None);
+            assert_eq!(bits(&got), bits(&want), "in place, x first {x_first}");
+            let mut got = vec![7.0f32; n - 3];
+            run_fused_part(&f, &[&x], 3, &mut got, 0, Some(&xs[3..]));
+            assert_eq!(bits(&got), bits(&want[3..]), "from the GEMM's values");
+            for other in [-0.0, 0.5] {
+                assert_eq!(relu_in_place_of(&group(x_first, other), Some(0)), None);
+            }
         }
     }
 
