@@ -15,8 +15,9 @@
 //! f32 binaries, compares and selects are read as registers (no lane loads), and an f32
 //! binary root whose other operand is the in-place input (a GEMM epilogue's `dot * x`,
 //! `max(dot, 0)`) computes straight from the output chunk, without copying it to scratch.
-//! Two groups have one-pass kernels of their own: the ReLU epilogue `max(x, +0)` over the
-//! in-place input (about 10 us against 2 for 64K values on a Zen 5 core), and the ReLU's
+//! Two groups have one-pass kernels of their own: the ReLU epilogue `max(x, +0)` (or its
+//! coded form) over the in-place input (about 10 us against 2 for 64K values on a Zen 5
+//! core), and the ReLU's
 //! derivative applied to a gradient
 //! (`g * select(d > 0, 1, select(d == 0, 0.5, 0))`, the expert's backward epilogue), which the
 //! interpreter would run as seven passes per chunk (27-38 us against 9 us for 64K elements).
@@ -1322,28 +1323,40 @@ struct ReluGrad {
     v: f32,
 }
 
-/// Whether the group is `max(x, +0)` (either operand order) of the f32 in-place input `x`
-/// alone, a ReLU epilogue: one pass over the output, where the chunk evaluator takes
-/// several (about 10 us against 2 for 64K values on a Zen 5 core). `Some(true)` when `x` is the
-/// first operand.
-fn relu_in_place_of(f: &Fused, inplace: Option<usize>) -> Option<bool> {
+/// The forms of a ReLU epilogue with a one-pass kernel ([`relu_in_place_of`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Relu {
+    /// `max(x, +0)`.
+    InputFirst,
+    /// `max(+0, x)`.
+    ZeroFirst,
+    /// The coded ReLU of `x` ([`Node::ReluCode`]).
+    Coded,
+}
+
+/// Whether the group is a ReLU of the f32 in-place input `x` alone, `max(x, +0)` (either
+/// operand order) or coded: one pass over the output, where the chunk evaluator takes
+/// several (about 10 us against 2 for 64K values on a Zen 5 core).
+fn relu_in_place_of(f: &Fused, inplace: Option<usize>) -> Option<Relu> {
     let k = inplace?;
-    let [(a, DType::F32), (b, DType::F32), (Node::Binary(BinaryOp::Max, x, y), DType::F32)] =
-        f.nodes.as_slice()
-    else {
-        return None;
-    };
     let input = |n: &Node| *n == Node::Input(k);
-    let zero = |n: &Node| matches!(n, Node::Splat(z) if z.to_bits() == 0);
-    let input_at = if input(a) && zero(b) {
-        0
-    } else if zero(a) && input(b) {
-        1
-    } else {
-        return None;
-    };
-    match (*x, *y) {
-        (0, 1) | (1, 0) => Some(*x == input_at),
+    match f.nodes.as_slice() {
+        [(a, DType::F32), (Node::ReluCode(0), DType::F32)] if input(a) => Some(Relu::Coded),
+        [(a, DType::F32), (b, DType::F32), (Node::Binary(BinaryOp::Max, x, y), DType::F32)] => {
+            let zero = |n: &Node| matches!(n, Node::Splat(z) if z.to_bits() == 0);
+            let input_at = if input(a) && zero(b) {
+                0
+            } else if zero(a) && input(b) {
+                1
+            } else {
+                return None;
+            };
+            match (*x, *y) {
+                (0, 1) | (1, 0) if *x == input_at => Some(Relu::InputFirst),
+                (0, 1) | (1, 0) => Some(Relu::ZeroFirst),
+                _ => None,
+            }
+        }
         _ => None,
     }
 }
@@ -1433,17 +1446,15 @@ fn run_special<T: Store>(
     if !T::DIRECT || out.len() < CHUNK {
         return false;
     }
-    if let Some(input_first) = relu_in_place_of(f, inplace) {
+    if let Some(form) = relu_in_place_of(f, inplace) {
         let LaneMut::F(o) = T::direct(out) else {
             return false;
         };
         // The node's own operand order (`fmax32` is symmetric but for which NaN it keeps).
-        let relu = |v: f32| {
-            if input_first {
-                fmax32(v, 0.0)
-            } else {
-                fmax32(0.0, v)
-            }
+        let relu = |v: f32| match form {
+            Relu::InputFirst => fmax32(v, 0.0),
+            Relu::ZeroFirst => fmax32(0.0, v),
+            Relu::Coded => relu_code(v),
         };
         super::with_avx2(
             #[inline(always)]
@@ -1795,8 +1806,9 @@ mod tests {
         }
     }
 
-    /// A ReLU epilogue (`max(x, +0)` of the in-place input, either operand order) takes one
-    /// pass with the interpreter's bits on every class of f32 (NaNs of both signs, `-0`,
+    /// A ReLU epilogue (`max(x, +0)` of the in-place input, either operand order, or its
+    /// coded form) takes one pass with the interpreter's bits on every class of f32 (NaNs
+    /// of both signs, `-0`,
     /// infinities, subnormals), in place and from a GEMM's values; `max(x, -0)`, a
     /// non-zero constant, or an input that is not the in-place one stay with the
     /// interpreter.
@@ -1840,18 +1852,35 @@ mod tests {
         };
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         let x = Data::F32(xs.clone());
-        for x_first in [true, false] {
-            let f = group(x_first, 0.0);
-            assert_eq!(relu_in_place_of(&f, Some(0)), Some(x_first));
+        let coded = Fused {
+            len: n,
+            nodes: vec![
+                (Node::Input(0), DType::F32),
+                (Node::ReluCode(0), DType::F32),
+            ],
+            n_inputs: 1,
+        };
+        for form in [Relu::InputFirst, Relu::ZeroFirst, Relu::Coded] {
+            let x_first = form == Relu::InputFirst;
+            let f = if form == Relu::Coded {
+                coded.clone()
+            } else {
+                group(x_first, 0.0)
+            };
+            assert_eq!(relu_in_place_of(&f, Some(0)), Some(form));
             assert_eq!(relu_in_place_of(&f, None), None, "not in place");
             let mut want = vec![0.0f32; n];
             run_range_impl(&f, &[&x], 0, &mut want, None, None);
             let mut got = xs.clone();
             run_fused_part(&f, &[&x], 0, &mut got, 0, None);
-            assert_eq!(bits(&got), bits(&want), "in place, x first {x_first}");
+            assert_eq!(bits(&got), bits(&want), "in place, {form:?}");
             let mut got = vec![7.0f32; n - 3];
             run_fused_part(&f, &[&x], 3, &mut got, 0, Some(&xs[3..]));
-            assert_eq!(bits(&got), bits(&want[3..]), "from the GEMM's values");
+            assert_eq!(
+                bits(&got),
+                bits(&want[3..]),
+                "from the GEMM's values, {form:?}"
+            );
             for other in [-0.0, 0.5] {
                 assert_eq!(relu_in_place_of(&group(x_first, other), Some(0)), None);
             }
