@@ -108,6 +108,16 @@ fn bench_gemm(c: &mut Criterion) {
             bch.iter(|| runtime::probe::fma_burst(std::hint::black_box(ITERS)))
         });
     }
+    // The FMA peak of a core with 512-bit FMA units (Zen 5): sixteen-lane chains, where the
+    // CPU has AVX-512F; the dense kernels' rates are judged against this there.
+    if runtime::probe::fma_burst_wide(1).is_some() {
+        const ITERS: usize = 1 << 20;
+        let flops = ITERS * runtime::probe::CHAINS * 16 * 2;
+        g.throughput(Throughput::Elements(flops as u64));
+        g.bench_function("fma_peak_wide/1thread", |bch| {
+            bch.iter(|| runtime::probe::fma_burst_wide(std::hint::black_box(ITERS)))
+        });
+    }
     // The gemm crate called directly (row-major 512^3, one thread): the ceiling the dot
     // kernel's square_512/1thread is judged against on the same machine and day.
     {

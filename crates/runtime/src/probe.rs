@@ -61,6 +61,20 @@ pub fn fma_burst(steps: usize) -> Option<f32> {
     None
 }
 
+/// [`fma_burst`] on sixteen-lane (AVX-512) registers, `steps * CHAINS * 32` flops: the FMA
+/// peak of a core whose FMA units are 512 bits wide (Zen 5; twice [`fma_burst`]'s rate
+/// there, the same on cores that split a 512-bit FMA in two). For the kernel benchmarks'
+/// peak figure; `None` on a CPU without AVX-512F.
+pub fn fma_burst_wide(steps: usize) -> Option<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F was detected.
+        return Some(unsafe { avx512::burst(steps) });
+    }
+    let _ = steps;
+    None
+}
+
 /// `(m, n, k)` of the GEMM probe: `A` 64 KiB, `B` and `C` 128 KiB each, `B` packed 128 KiB
 /// (448 KiB in all, inside a 512 KiB L2), 8.4 MFLOP per product.
 pub const GEMM_SHAPE: (usize, usize, usize) = (128, 256, 128);
@@ -130,6 +144,32 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::CHAINS;
+    use std::arch::x86_64::*;
+
+    /// See [`super::fma_burst_wide`].
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn burst(n: usize) -> f32 {
+        let (m, c) = (_mm512_set1_ps(0.999_9), _mm512_set1_ps(1e-4));
+        let mut acc: [__m512; CHAINS] = std::array::from_fn(|i| _mm512_set1_ps(i as f32));
+        for _ in 0..n {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(*x, m, c);
+            }
+        }
+        let acc = std::hint::black_box(acc);
+        let s = acc
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x));
+        _mm512_cvtss_f32(s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// Whether the CPU has AVX2 and FMA, detected here rather than asked of the code the
@@ -154,6 +194,21 @@ mod tests {
         assert_eq!(got.is_some(), has_avx2_fma());
         if let Some(g) = got {
             assert!(g > 1.6 && g.is_finite(), "{g} GFLOP/s");
+        }
+    }
+
+    /// The sixteen-lane burst runs exactly where the CPU has AVX-512F, and gives the
+    /// eight-lane burst's value for the same steps (the same FMA chains, lane 0 summed).
+    #[test]
+    fn the_wide_burst_runs_where_the_cpu_has_avx512() {
+        #[cfg(target_arch = "x86_64")]
+        let wide = std::is_x86_feature_detected!("avx512f");
+        #[cfg(not(target_arch = "x86_64"))]
+        let wide = false;
+        let got = super::fma_burst_wide(100);
+        assert_eq!(got.is_some(), wide);
+        if let (Some(w), Some(n)) = (got, super::fma_burst(100)) {
+            assert_eq!(w.to_bits(), n.to_bits(), "{w} against {n}");
         }
     }
 
