@@ -1323,6 +1323,15 @@ struct ReluGrad {
     v: f32,
 }
 
+/// `o[i] = f(x[i])` with `x` the values `pre` when given, else `o`'s own (in place).
+#[inline(always)]
+fn map_in_place(o: &mut [f32], pre: Option<&[f32]>, f: impl Fn(f32) -> f32) {
+    match pre {
+        Some(x) => o.iter_mut().zip(x).for_each(|(d, &v)| *d = f(v)),
+        None => o.iter_mut().for_each(|d| *d = f(*d)),
+    }
+}
+
 /// The forms of a ReLU epilogue with a one-pass kernel ([`relu_in_place_of`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Relu {
@@ -1450,17 +1459,14 @@ fn run_special<T: Store>(
         let LaneMut::F(o) = T::direct(out) else {
             return false;
         };
-        // The node's own operand order (`fmax32` is symmetric but for which NaN it keeps).
-        let relu = |v: f32| match form {
-            Relu::InputFirst => fmax32(v, 0.0),
-            Relu::ZeroFirst => fmax32(0.0, v),
-            Relu::Coded => relu_code(v),
-        };
+        // One loop per form, so that each vectorises without a per-element branch; the
+        // node's own operand order (`fmax32` is symmetric but for which NaN it keeps).
         super::with_avx2(
             #[inline(always)]
-            || match pre {
-                Some(x) => o.iter_mut().zip(x).for_each(|(d, &v)| *d = relu(v)),
-                None => o.iter_mut().for_each(|d| *d = relu(*d)),
+            || match form {
+                Relu::InputFirst => map_in_place(o, pre, |v| fmax32(v, 0.0)),
+                Relu::ZeroFirst => map_in_place(o, pre, |v| fmax32(0.0, v)),
+                Relu::Coded => map_in_place(o, pre, relu_code),
             },
         );
         return true;
@@ -1649,6 +1655,21 @@ pub fn run_fused_inplace(f: &Fused, inputs: &[&Data], out: &mut Data, inplace: O
 mod tests {
     use super::*;
 
+    /// One value of every class of f32 the ReLU kernels must treat as the interpreter does:
+    /// signed zeros, normals, subnormals, infinities and NaNs of both signs.
+    const SPECIALS: [f32; 10] = [
+        0.0,
+        -0.0,
+        1.5,
+        -1.5,
+        1e-45,
+        -1e-45,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+    ];
+
     /// A coded ReLU equals `max(x, 0)` as a value, and its decode compares with zero (either
     /// side, every compare) exactly as `x` does, for every class of f32.
     #[test]
@@ -1716,18 +1737,7 @@ mod tests {
     /// the interpreter.
     #[test]
     fn relu_gradients_take_one_pass_with_the_interpreters_bits() {
-        let specials = [
-            0.0f32,
-            -0.0,
-            1.5,
-            -1.5,
-            1e-45,
-            -1e-45,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            -f32::NAN,
-        ];
+        let specials = SPECIALS;
         // Every (g, d) pair of specials, then ordinary values; past one chunk, and not a
         // whole number of chunks.
         let n = 3 * CHUNK + 37;
@@ -1808,24 +1818,12 @@ mod tests {
 
     /// A ReLU epilogue (`max(x, +0)` of the in-place input, either operand order, or its
     /// coded form) takes one pass with the interpreter's bits on every class of f32 (NaNs
-    /// of both signs, `-0`,
-    /// infinities, subnormals), in place and from a GEMM's values; `max(x, -0)`, a
-    /// non-zero constant, or an input that is not the in-place one stay with the
-    /// interpreter.
+    /// of both signs, `-0`, infinities, subnormals), in place and from a GEMM's values;
+    /// `max(x, -0)`, a non-zero constant, or an input that is not the in-place one stay
+    /// with the interpreter.
     #[test]
     fn relu_epilogues_take_one_pass_with_the_interpreters_bits() {
-        let specials = [
-            0.0f32,
-            -0.0,
-            1.5,
-            -1.5,
-            1e-45,
-            -1e-45,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            -f32::NAN,
-        ];
+        let specials = SPECIALS;
         let n = 2 * CHUNK + 11;
         let xs: Vec<f32> = (0..n)
             .map(|i| specials.get(i).copied().unwrap_or((i as f32 * 0.37).sin()))
