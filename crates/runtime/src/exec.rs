@@ -72,6 +72,7 @@ use ir::{BinaryOp, DType, Instr, Literal, Mesh, Op, Program, Type};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
@@ -1458,50 +1459,25 @@ impl Executable {
         // layer's 23 ms step on 8 devices, 2 cores). No worker blocks on another: a
         // collective runs between segments, on this one task.
         let shared = comm.shared_memory() && !self.reference_kernels;
-        // Results of all-to-alls placed by their senders, until their round.
-        let mut placed: HashMap<usize, Vec<Data>> = HashMap::new();
-        let result: Result<(), ExecError> = rayon::scope(|_| {
-            for (k, seg) in self.segments.iter().enumerate() {
-                match seg {
-                    Segment::Local(range) => {
-                        let sends = if shared { &self.sends[k][..] } else { &[] };
-                        let mut sinks = Vec::with_capacity(sends.len());
-                        for &si in sends {
-                            let ty = &self.program.instrs[self.steps[si].instr].ty;
-                            let n = self.mesh_of(si)?.0.num_devices();
-                            let mut bufs: Vec<Data> =
-                                devs.iter_mut().map(|d| d.alloc(ty)).collect();
-                            let ptrs = Sinks::new(n, &positions, &mut bufs);
-                            placed.insert(si, bufs);
-                            sinks.push((si, ptrs));
-                        }
-                        // One task per device (rayon would otherwise run runs of
-                        // neighbouring devices as one sequential task, which a thread left
-                        // idle at the segment's end cannot split).
-                        let errs: Vec<Result<(), ExecError>> = devs
-                            .par_iter_mut()
-                            .with_max_len(1)
-                            .map(|d| {
-                                for si in range.clone() {
-                                    d.step(self, si)?;
-                                }
-                                for (si, ptrs) in &sinks {
-                                    d.send(self, *si, ptrs)?;
-                                }
-                                Ok(())
-                            })
-                            .collect();
-                        if let Some(e) = errs.into_iter().find(|r| r.is_err()) {
-                            return e;
-                        }
+        // The pool's other threads stay awake through the run ([`keep_awake`]) when the
+        // devices share this process: a thread with nothing to do would otherwise fall
+        // asleep within tens of microseconds, at every segment's end, and the next
+        // segment's tasks would reach it only after a futex wake-up.
+        let running = AtomicBool::new(true);
+        let awake = shared && rayon::current_num_threads() > 1;
+        let result: Result<(), ExecError> = rayon::scope(|sc| {
+            let leader = rayon::current_thread_index();
+            if awake {
+                let running = &running;
+                sc.spawn_broadcast(move |_, ctx| {
+                    if Some(ctx.index()) != leader {
+                        keep_awake(running);
                     }
-                    Segment::Collective(si) => match placed.remove(si) {
-                        Some(bufs) => self.placed(&mut devs, *si, bufs, profiler, &mut stats)?,
-                        None => self.collective(&mut devs, *si, comm, profiler, &mut stats)?,
-                    },
-                }
+                });
             }
-            Ok(())
+            let r = self.run_segments(&mut devs, comm, profiler, &positions, &mut stats, shared);
+            running.store(false, Ordering::Release);
+            r
         });
         let peak = devs.iter().map(|d| d.peak).max().unwrap_or(0);
         let resident = devs.iter().map(|d| d.resident).max().unwrap_or(0);
@@ -1544,6 +1520,69 @@ impl Executable {
             collective_bytes: stats.iter().map(|s| s.bytes).sum(),
             collectives: stats,
         })
+    }
+
+    /// Run the segments in order on the devices `devs` (see [`Executable::run_shared`]).
+    fn run_segments(
+        &self,
+        devs: &mut [Dev],
+        comm: &dyn Communicator,
+        profiler: Option<&Profiler>,
+        positions: &[usize],
+        stats: &mut Vec<CollectiveStat>,
+        shared: bool,
+    ) -> Result<(), ExecError> {
+        // Results of all-to-alls placed by their senders, until their round.
+        let mut placed: HashMap<usize, Vec<Data>> = HashMap::new();
+        for (k, seg) in self.segments.iter().enumerate() {
+            match seg {
+                Segment::Local(range) => {
+                    let sends = if shared { &self.sends[k][..] } else { &[] };
+                    let mut sinks = Vec::with_capacity(sends.len());
+                    for &si in sends {
+                        let ty = &self.program.instrs[self.steps[si].instr].ty;
+                        let n = self.mesh_of(si)?.0.num_devices();
+                        let mut bufs: Vec<Data> = devs.iter_mut().map(|d| d.alloc(ty)).collect();
+                        let ptrs = Sinks::new(n, positions, &mut bufs);
+                        placed.insert(si, bufs);
+                        sinks.push((si, ptrs));
+                    }
+                    // One task per device (rayon would otherwise run runs of
+                    // neighbouring devices as one sequential task, which a thread left
+                    // idle at the segment's end cannot split).
+                    // With several devices here, a task that ends keeps its thread busy
+                    // until the segment's last one ends ([`DeviceTask::end`]).
+                    let left = AtomicUsize::new(devs.len());
+                    let wait = shared && devs.len() > 1;
+                    let errs: Vec<Result<(), ExecError>> = devs
+                        .par_iter_mut()
+                        .with_max_len(1)
+                        .map(|d| {
+                            let task = DeviceTask::start(&left);
+                            let r = (|| {
+                                for si in range.clone() {
+                                    d.step(self, si)?;
+                                }
+                                for (si, ptrs) in &sinks {
+                                    d.send(self, *si, ptrs)?;
+                                }
+                                Ok(())
+                            })();
+                            task.end(wait);
+                            r
+                        })
+                        .collect();
+                    if let Some(e) = errs.into_iter().find(|r| r.is_err()) {
+                        return e;
+                    }
+                }
+                Segment::Collective(si) => match placed.remove(si) {
+                    Some(bufs) => self.placed(devs, *si, bufs, profiler, stats)?,
+                    None => self.collective(devs, *si, comm, profiler, stats)?,
+                },
+            }
+        }
+        Ok(())
     }
 
     /// Give the buffers of a run's outputs back to the device pools (for repeated steps:
@@ -1718,6 +1757,80 @@ impl Executable {
         }
         Ok(())
     }
+}
+
+thread_local! {
+    /// Device tasks in progress on this thread (one inside another when a task waiting on
+    /// its kernels' parallel parts ran another device's task).
+    static TASKS_HERE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A device's task within a segment: counts the segment's unfinished tasks down when it
+/// ends, unwinding included.
+struct DeviceTask<'a> {
+    left: &'a AtomicUsize,
+}
+
+impl Drop for DeviceTask<'_> {
+    fn drop(&mut self) {
+        TASKS_HERE.with(|c| c.set(c.get() - 1));
+        self.left.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl<'a> DeviceTask<'a> {
+    fn start(left: &'a AtomicUsize) -> DeviceTask<'a> {
+        TASKS_HERE.with(|c| c.set(c.get() + 1));
+        DeviceTask { left }
+    }
+
+    /// End the task; with `wait`, and no other device task in progress below this one on
+    /// this thread, keep the thread busy until the segment's last task ends ([`busy_until`]):
+    /// a thread that went idle in rayon instead would fall asleep after a few dozen
+    /// microseconds and wake up only after a futex round trip when the segment ends.
+    fn end(self, wait: bool) {
+        let left = self.left;
+        drop(self);
+        if wait && TASKS_HERE.with(|c| c.get()) == 0 {
+            busy_until(|| left.load(Ordering::Acquire) == 0);
+        }
+    }
+}
+
+/// How long a thread waits with nothing to run before [`busy_until`] gives up.
+const BUSY_IDLE: std::time::Duration = std::time::Duration::from_micros(300);
+
+/// Keep this pool thread busy until `done()`: run the pool's pending work (other devices'
+/// tasks, the parallel parts of their kernels) or spin. Gives up after [`BUSY_IDLE`]
+/// without anything to run: a waiting thread may sit on top of unfinished work (a task it
+/// took while waiting inside a kernel's parallel loop) that `done` waits for, so the wait
+/// must end by itself; it costs at most that long then.
+fn busy_until(done: impl Fn() -> bool) {
+    let mut idle_since: Option<std::time::Instant> = None;
+    while !done() {
+        if rayon::yield_now() == Some(rayon::Yield::Executed) {
+            idle_since = None;
+        } else if idle_since
+            .get_or_insert_with(std::time::Instant::now)
+            .elapsed()
+            > BUSY_IDLE
+        {
+            return;
+        } else {
+            // A pause between polls (each poll reads the other threads' queues, which
+            // their owners write).
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// A pool thread's part in a run of in-process devices ([`Executable::run_shared`]): take
+/// device tasks and kernel parts as they appear, through the segments and the collectives
+/// between them, until the run ends (or nothing comes for [`BUSY_IDLE`]).
+fn keep_awake(running: &AtomicBool) {
+    busy_until(|| !running.load(Ordering::Acquire));
 }
 
 /// One device's state during a run.
