@@ -1048,6 +1048,8 @@ impl Executable {
         let mut passed: Vec<usize> = Vec::new();
         // Transposes written by the all-to-all that is their operand.
         let mut folded = vec![false; n];
+        // Transposes of an all-reduce of a dot, which the dot writes in their layout.
+        let mut reduced_transposed: Vec<usize> = Vec::new();
         for i in 0..n {
             let ins = &p.instrs[i];
             let dead = consumers[i].is_empty() && !is_output[i];
@@ -1072,6 +1074,11 @@ impl Executable {
                 Op::Transpose { .. } if pending_dot.contains_key(&i) => {
                     let (plan, reads, label) = pending_dot.remove(&i).expect("checked");
                     steps.push(step(Kind::Dot(Box::new(plan)), reads, "dot", label));
+                }
+                Op::Transpose { .. } if reduced_transposed.contains(&i) => {
+                    // Its dot wrote the layout, and the all-reduce between kept it.
+                    let src = operands[0];
+                    steps.push(step(Kind::Alias(src), vec![src], "alias", label));
                 }
                 Op::PartitionId => steps.push(step(Kind::PartitionId, vec![], "kernel", label)),
                 op if op.is_collective() && !reference_kernels && trivial_collective(p, op) => {
@@ -1210,6 +1217,31 @@ impl Executable {
                         let label = format!("{label} +transpose %{c}");
                         pending_dot.insert(c, (plan, operands, label));
                         passed.extend(between);
+                        continue;
+                    }
+                    // A dot whose only user is an all-reduce whose only user is a
+                    // transpose (a weight's gradient summed over the devices, then laid
+                    // out as the weight): the sum is elementwise, so the dot writes the
+                    // transpose's layout, the all-reduce sums that, and the transpose is
+                    // its result (no transposes after the sum, alone at the end of a
+                    // step, one per device).
+                    let summed = match (consumers[i].as_slice(), is_output[i]) {
+                        (&[r], false) if matches!(p.instrs[r].op, Op::AllReduce { .. }) => {
+                            match (consumers[r].as_slice(), is_output[r]) {
+                                (&[c], false) => match &p.instrs[c].op {
+                                    Op::Transpose { perm } => Some((c, perm)),
+                                    _ => None,
+                                },
+                                _ => None,
+                            }
+                        }
+                        _ => None,
+                    };
+                    if let Some((c, perm)) = summed {
+                        plan.fuse_output_transpose(perm);
+                        reduced_transposed.push(c);
+                        let label = format!("{label} +transpose %{c} (before the sum)");
+                        steps.push(step(Kind::Dot(Box::new(plan)), operands, "dot", label));
                         continue;
                     }
                     steps.push(step(Kind::Dot(Box::new(plan)), operands, "dot", label));

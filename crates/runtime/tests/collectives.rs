@@ -516,3 +516,74 @@ fn one_process_gathers_its_own_positions_and_agrees_with_itself() {
     assert_eq!(&all[..], &local[..]);
     check_consistent(&comm, "program", b"abc").unwrap();
 }
+
+/// A dot summed over the devices and then transposed (a weight's gradient): the executor
+/// writes the dot in the transpose's layout, sums that, and takes the sum as the
+/// transpose (an alias, no transpose pass). The values must be the reference's, on every
+/// device; distinct operands per device and integer values keep every sum exact.
+#[test]
+fn dot_all_reduce_transpose_sums_in_the_transposed_layout() {
+    use ir::DotDims;
+    use runtime::{Executable, InProcess, Profiler};
+    let b = ir::Builder::with_mesh(Mesh::parse_spec("x=4").unwrap());
+    let a = b.param("a", Type::new(DType::F32, vec![3, 5]));
+    let w = b.param("w", Type::new(DType::F32, vec![5, 2]));
+    let d = a.dot_general(
+        &w,
+        DotDims {
+            lhs_batch: vec![],
+            rhs_batch: vec![],
+            lhs_contract: vec![1],
+            rhs_contract: vec![0],
+        },
+    );
+    let r = b.emit(
+        Op::AllReduce {
+            op: ReduceOp::Sum,
+            axes: axes(&["x"]),
+        },
+        &[&d],
+        None,
+    );
+    let t = r.transpose(&[1, 0]);
+    b.output("t", &t);
+    let p = b.finish();
+    let ins: Vec<HashMap<String, HostTensor>> = (0..4)
+        .map(|dev| {
+            let f = |n: usize, s: usize| -> Vec<f32> {
+                (0..n)
+                    .map(|i| ((i * 7 + dev * 3 + s) % 11) as f32 - 5.0)
+                    .collect()
+            };
+            inputs(vec![
+                ("a", HostTensor::from_f32(vec![3, 5], f(15, 1))),
+                ("w", HostTensor::from_f32(vec![5, 2], f(10, 2))),
+            ])
+        })
+        .collect();
+    let want = run_spmd(&p, &ins).unwrap();
+    let prof = Profiler::new();
+    let got = Executable::new(&p)
+        .unwrap()
+        .run(&InProcess::new(4), &ins, Some(&prof))
+        .unwrap();
+    for (dev, (g, w)) in got.outputs.iter().zip(&want).enumerate() {
+        assert_eq!(g["t"].shape(), &[2, 3]);
+        assert_eq!(g["t"].to_f64_vec(), w["t"].to_f64_vec(), "device {dev}");
+    }
+    let events = prof.events();
+    let cat = |prefix: &str| -> Vec<&'static str> {
+        events
+            .iter()
+            .filter(|e| e.name.starts_with(prefix))
+            .map(|e| e.cat)
+            .collect()
+    };
+    assert_eq!(cat("transpose"), vec!["alias"; 4], "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.name.starts_with("dot_general") && e.name.contains("+transpose")),
+        "{events:?}"
+    );
+}
