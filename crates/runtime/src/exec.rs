@@ -1288,6 +1288,20 @@ impl Executable {
             sum_products(p, &mut steps);
         }
         let mut steps = coalesce_collectives(p, steps);
+        // A dot whose result is a program output that no step reads (a weight's gradient)
+        // streams it to memory ([`DotPlan::stream_output`]). In-process A/B on the small
+        // MoE layer (1 MiB of such results per device: the up-projection's weight
+        // gradient; the down-projection's runs on the row-sparse path, which does not
+        // stream): 1.002-1.005 at 8 devices, 1.005 at 1; the large shape no different.
+        let read: std::collections::HashSet<usize> =
+            steps.iter().flat_map(|s| s.reads.iter().copied()).collect();
+        for s in &mut steps {
+            if let Kind::Dot(plan) = &mut s.kind {
+                if is_output[s.instr] && !read.contains(&s.instr) {
+                    plan.stream_output();
+                }
+            }
+        }
         // Buffer classes and liveness (of the reordered steps).
         let mut class: Vec<usize> = (0..n).collect();
         for s in &steps {

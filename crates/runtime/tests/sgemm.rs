@@ -121,6 +121,9 @@ proptest! {
         let cm = MatMut {
             rows: rows.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()),
             cols: cols.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()),
+            // Half the cases stream the result (non-temporal stores where the tiles can):
+            // the same bits.
+            stream: rng.below(2) == 0,
             ..MatMut::strided(c.as_mut_ptr(), crs, ccs)
         };
         // SAFETY: AVX2/FMA checked above; each buffer holds exactly the elements its
@@ -159,5 +162,69 @@ proptest! {
                 prop_assert!(ok, "{m}x{n}x{k} layout ({ta},{tb},{tc}) at ({i},{j}): {got} vs {w}");
             }
         }
+    }
+}
+
+/// Results streamed to memory (non-temporal stores, taken by the AVX-512 tiles where each
+/// tile row is whole aligned lines) are the bits of ordinary stores: row-major and
+/// transposed results, widths that leave partial tiles (stored ordinarily), row counts
+/// that leave short tiles, `A` dense and half zeros.
+#[test]
+fn streamed_results_are_the_same_bits() {
+    if !available() {
+        eprintln!("skipped: this CPU has no AVX2/FMA (the gemm crate runs f32 dots here)");
+        return;
+    }
+    let mut rng = Rng(0x5eed);
+    for (m, n, k, transposed, relu) in [
+        (128, 512, 128, false, false),
+        (128, 96, 64, false, true),
+        (50, 144, 200, false, false),
+        (128, 512, 128, true, false),
+        (96, 128, 300, true, true),
+        (7, 40, 33, false, false),
+    ] {
+        let a: Vec<f32> = (0..m * k)
+            .map(|_| {
+                if relu && rng.below(2) == 0 {
+                    0.0
+                } else {
+                    rng.value()
+                }
+            })
+            .collect();
+        let b: Vec<f32> = (0..k * n).map(|_| rng.value()).collect();
+        let ar = MatRef {
+            ptr: a.as_ptr(),
+            rs: k,
+            cs: 1,
+        };
+        let br = MatRef {
+            ptr: b.as_ptr(),
+            rs: n,
+            cs: 1,
+        };
+        // A 64-byte aligned result (rows of a multiple of 16 floats stay aligned).
+        let run = |stream: bool| -> Vec<f32> {
+            let mut buf = vec![f32::NAN; m * n + 16];
+            let off = buf.as_ptr().align_offset(64);
+            let c = &mut buf[off..off + m * n];
+            let (rs, cs) = if transposed { (1, m) } else { (n, 1) };
+            let cm = MatMut {
+                stream,
+                ..MatMut::strided(c.as_mut_ptr(), rs, cs)
+            };
+            // SAFETY: AVX2/FMA checked above; `c` holds exactly the `m x n` elements the
+            // strides address.
+            unsafe { sgemm_ahead(m, n, k, ar, br, cm, &[]) };
+            c.to_vec()
+        };
+        let (plain, streamed) = (run(false), run(true));
+        assert!(plain.iter().all(|x| x.is_finite()), "{m}x{n}x{k}");
+        let same = plain
+            .iter()
+            .zip(&streamed)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{m}x{n}x{k} transposed {transposed}");
     }
 }

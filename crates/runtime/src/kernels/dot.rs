@@ -156,6 +156,9 @@ pub struct DotPlan {
     groups: [usize; 3],
     out: OutLayout,
     transposed: bool,
+    /// The result is written with non-temporal stores where the kernel can
+    /// ([`DotPlan::stream_output`]).
+    stream_out: bool,
 }
 
 /// The single stride of `dims` read row-major, if they merge (size-1 dims ignored).
@@ -288,7 +291,16 @@ impl DotPlan {
                 col_off: None,
             },
             transposed: false,
+            stream_out: false,
         }
+    }
+
+    /// Write the result with non-temporal stores where the dense micro-kernel can (whole
+    /// aligned lines; the values are the same): for a result that nothing reads before it
+    /// has left the caches anyway (a gradient the step outputs). An ordinary store first
+    /// reads each line from memory, only to overwrite it.
+    pub fn stream_output(&mut self) {
+        self.stream_out = true;
     }
 
     /// Write the result directly in the layout of `transpose(result, perm)` (result dim
@@ -756,6 +768,7 @@ fn gemm_strided<T: GemmFloat>(
                             cs: ocs,
                             rows: trows,
                             cols: tcols,
+                            stream: p.stream_out,
                         }
                     },
                     ahead,

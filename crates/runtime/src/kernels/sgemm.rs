@@ -126,6 +126,10 @@ pub struct MatMut {
     pub cs: usize,
     pub rows: *const usize,
     pub cols: *const usize,
+    /// Written with non-temporal stores where the micro-kernel can (whole aligned lines):
+    /// a result nothing reads soon (a step's gradient output), whose lines would
+    /// otherwise each be read from memory before being overwritten.
+    pub stream: bool,
 }
 
 impl MatMut {
@@ -137,6 +141,7 @@ impl MatMut {
             cs,
             rows: std::ptr::null(),
             cols: std::ptr::null(),
+            stream: false,
         }
     }
 
@@ -396,6 +401,7 @@ unsafe fn sgemm_impl(
             cs: c.rs,
             rows: c.cols,
             cols: std::ptr::null(),
+            stream: c.stream,
         };
         // SAFETY: the same elements, addressed with swapped strides.
         return unsafe { sgemm_impl(n, m, k, t(b), t(a), ct, ahead, allow_sparse) };
@@ -525,6 +531,12 @@ unsafe fn sgemm_impl(
             });
         } else {
             run(a, sparse_a, false);
+        }
+        // Non-temporal stores are weakly ordered: fenced before anything else (another
+        // thread, after the batch's join) reads the result.
+        #[cfg(target_arch = "x86_64")]
+        if c.stream {
+            std::arch::x86_64::_mm_sfence();
         }
     }
 }
@@ -690,6 +702,7 @@ unsafe fn blocked(
                                     if wide {
                                         wide::tile_rows(
                                             kc, &arow, bp, ps, &crow, c.cs, mr, nr, first, pf,
+                                            c.stream,
                                         );
                                     } else {
                                         avx2::tile_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
@@ -697,7 +710,10 @@ unsafe fn blocked(
                                 } else {
                                     let ap = pa[t * MR * kc..].as_ptr();
                                     if wide {
-                                        wide::tile(kc, ap, bp, ps, &crow, c.cs, mr, nr, first, pf);
+                                        wide::tile(
+                                            kc, ap, bp, ps, &crow, c.cs, mr, nr, first, pf,
+                                            c.stream,
+                                        );
                                     } else {
                                         avx2::tile(kc, ap, bp, &crow, c.cs, mr, nr, first);
                                     }

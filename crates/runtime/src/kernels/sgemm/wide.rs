@@ -117,7 +117,8 @@ unsafe fn prefetch_c<const P: usize>(c: &[*mut f32], cs: usize) {
 /// # Safety
 /// AVX-512F; every `a(i, p)` (`i < R`, `p < kc`) readable; `P` panels of `kc * NR` floats
 /// readable from `b`, `ps` apart; the `R x nr` elements `c[i] + j*cs` writable and touched
-/// by no other thread.
+/// by no other thread. `stream`: write a whole, line-aligned first tile with
+/// non-temporal stores (the caller fences them).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
@@ -132,13 +133,21 @@ unsafe fn kernel<const R: usize, const P: usize>(
     nr: usize,
     first: bool,
     pf: (usize, usize),
+    stream: bool,
 ) {
     // SAFETY: the caller's contract bounds every pointer offset below.
     unsafe {
+        // A streamed tile (`stream`, written whole: every row's `16 P` floats one aligned
+        // run of lines) goes to memory with non-temporal stores and fetches nothing.
+        let stream = stream
+            && first
+            && cs == 1
+            && nr == P * NR
+            && c[..R].iter().all(|&p| (p as usize).is_multiple_of(64));
         // The C tile's lines are fetched one per step over the first `R * P` steps (not
         // as a burst before the tile: see `pf`); its stores come after `kc` steps.
-        let spread_c = cs == 1 && kc >= R * P;
-        if !spread_c {
+        let spread_c = cs == 1 && kc >= R * P && !stream;
+        if !spread_c && !stream {
             prefetch_c::<P>(&c[..R], cs);
         }
         let mut acc: Acc<R, P> = [[_mm512_setzero_ps(); P]; R];
@@ -167,7 +176,15 @@ unsafe fn kernel<const R: usize, const P: usize>(
         for q in kc..pf.1 {
             _mm_prefetch::<_MM_HINT_T1>((pf.0 + q * 64) as *const i8);
         }
-        store::<R, P>(&acc, c, cs, nr, first);
+        if stream {
+            for (i, row) in acc.iter().enumerate() {
+                for (q, &v) in row.iter().enumerate() {
+                    _mm512_stream_ps(c[i].add(q * NR), v);
+                }
+            }
+        } else {
+            store::<R, P>(&acc, c, cs, nr, first);
+        }
     }
 }
 
@@ -215,9 +232,23 @@ unsafe fn packed<const R: usize, const P: usize>(
     nr: usize,
     first: bool,
     pf: (usize, usize),
+    stream: bool,
 ) {
     // SAFETY: the caller's contract.
-    unsafe { kernel::<R, P>(kc, |i, p| a.add(p * MR + i), b, ps, c, cs, nr, first, pf) }
+    unsafe {
+        kernel::<R, P>(
+            kc,
+            |i, p| a.add(p * MR + i),
+            b,
+            ps,
+            c,
+            cs,
+            nr,
+            first,
+            pf,
+            stream,
+        )
+    }
 }
 
 /// [`kernel`] reading A in place (row `i` of the tile: `kc` contiguous floats at `a[i]`).
@@ -237,10 +268,11 @@ unsafe fn rows<const R: usize, const P: usize>(
     nr: usize,
     first: bool,
     pf: (usize, usize),
+    stream: bool,
 ) {
     let r: [*const f32; R] = std::array::from_fn(|i| a[i]);
     // SAFETY: the caller's contract.
-    unsafe { kernel::<R, P>(kc, |i, p| r[i].add(p), b, ps, c, cs, nr, first, pf) }
+    unsafe { kernel::<R, P>(kc, |i, p| r[i].add(p), b, ps, c, cs, nr, first, pf, stream) }
 }
 
 /// One `mr x nr` tile (`nr <= PANELS * NR`) from a packed A panel; B's panels `ps` apart.
@@ -262,13 +294,14 @@ pub(super) unsafe fn tile(
     nr: usize,
     first: bool,
     pf: (usize, usize),
+    stream: bool,
 ) {
     // SAFETY: the caller's contract.
     unsafe {
         by_shape!(
             mr,
             nr.div_ceil(NR),
-            packed(kc, a, b, ps, c, cs, nr, first, pf)
+            packed(kc, a, b, ps, c, cs, nr, first, pf, stream)
         )
     }
 }
@@ -292,13 +325,14 @@ pub(super) unsafe fn tile_rows(
     nr: usize,
     first: bool,
     pf: (usize, usize),
+    stream: bool,
 ) {
     // SAFETY: the caller's contract.
     unsafe {
         by_shape!(
             mr,
             nr.div_ceil(NR),
-            rows(kc, a, b, ps, c, cs, nr, first, pf)
+            rows(kc, a, b, ps, c, cs, nr, first, pf, stream)
         )
     }
 }
