@@ -602,6 +602,49 @@ pub unsafe fn place_all_to_all(
     Ok(())
 }
 
+/// Copy `n` elements from `src` to `dst` (not overlapping); a run of whole aligned lines
+/// of the destination is written with non-temporal stores where the CPU has AVX-512: a
+/// collective's block is read by its receiver only after the round, by when ordinary
+/// stores' lines would have left the caches anyway, each read from memory first only to be
+/// overwritten. In-process A/B on the small MoE layer at 8 devices (its all-to-alls'
+/// blocks placed by the senders): 1.002-1.006; the large shape no different.
+///
+/// # Safety
+/// As `copy_nonoverlapping`.
+unsafe fn copy_run<T: Copy>(src: *const T, dst: *mut T, n: usize) {
+    let bytes = n * size_of::<T>();
+    #[cfg(target_arch = "x86_64")]
+    if bytes >= 256
+        && bytes.is_multiple_of(64)
+        && (dst as usize).is_multiple_of(64)
+        && crate::kernels::has_avx512f()
+    {
+        // SAFETY: the caller's contract; AVX-512F checked.
+        unsafe { stream_lines(src.cast(), dst.cast(), bytes / 64) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+}
+
+/// `lines` 64-byte lines from `src` to the line-aligned `dst`, non-temporal (fenced by the
+/// caller before the data is read elsewhere).
+///
+/// # Safety
+/// AVX-512F; both ranges valid and disjoint.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn stream_lines(src: *const u8, dst: *mut u8, lines: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract.
+    unsafe {
+        for l in 0..lines {
+            let v = _mm512_loadu_si512(src.add(64 * l).cast());
+            _mm512_stream_si512(dst.add(64 * l).cast(), v);
+        }
+    }
+}
+
 /// Copy the `shape` block of `src` at `soff` (strides `sst`) to `dst + doff` (strides
 /// `dstst`), dims contiguous in both merged first, one contiguous run at a time where
 /// both innermost strides are one (an expert block's rows: runs of kilobytes).
@@ -635,7 +678,7 @@ unsafe fn copy_blocks<T: Copy>(
         if ls == 1 && ld == 1 {
             let run = &src[so..so + n];
             // SAFETY: the caller's contract; `run` is a different buffer.
-            unsafe { std::ptr::copy_nonoverlapping(run.as_ptr(), dst.add(d), n) };
+            unsafe { copy_run(run.as_ptr(), dst.add(d), n) };
         } else {
             for t in 0..n {
                 // SAFETY: the caller's contract.
@@ -643,6 +686,13 @@ unsafe fn copy_blocks<T: Copy>(
             }
         }
     });
+    // Streamed lines (`copy_run`) are weakly ordered: fenced before anything else (another
+    // device's task, after the round) reads them.
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE, baseline on x86-64.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 impl Communicator for InProcess {

@@ -728,7 +728,14 @@ fn walk_broadcast<T: Copy, U: Copy>(
 ) {
     let r = shape.len();
     let n = o.len();
-    let mut idx = vec![0usize; r];
+    // The index on the stack for the usual ranks (this runs once per chunk and input).
+    let (mut small, mut large) = ([0usize; 8], Vec::new());
+    let idx: &mut [usize] = if r <= small.len() {
+        &mut small[..r]
+    } else {
+        large.resize(r, 0);
+        &mut large
+    };
     let mut rem = start;
     for d in (0..r).rev() {
         idx[d] = rem % shape[d];
@@ -759,7 +766,7 @@ fn walk_broadcast<T: Copy, U: Copy>(
                 }
             }
             pos += k * last;
-            advance(&mut idx, &mut off, shape, st, r - 2, k);
+            advance(idx, &mut off, shape, st, r - 2, k);
             continue;
         }
         let m = (last - idx[r - 1]).min(n - pos);
@@ -777,7 +784,7 @@ fn walk_broadcast<T: Copy, U: Copy>(
             }
         }
         pos += m;
-        advance(&mut idx, &mut off, shape, st, r - 1, m);
+        advance(idx, &mut off, shape, st, r - 1, m);
     }
 }
 
