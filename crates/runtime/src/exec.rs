@@ -12,8 +12,10 @@
 //!   a transpose that is an all-to-all's only reader takes the all-to-all's buffer over,
 //!   the all-to-all having written its layout (`Communicator::collective_transposed`).
 //! - *Dots* are normalised once ([`DotPlan`]); a transpose that is a dot's only user
-//!   (directly or through collectives over groups of one) is written by the dot. A multiply
-//!   by a splat one is its other operand.
+//!   (directly or through collectives over groups of one) is written by the dot, and so is
+//!   one whose operand is an all-reduce of the dot, which then sums the transposed layout.
+//!   A dot whose result is a program output that no step reads streams it to memory
+//!   ([`DotPlan::stream_output`]). A multiply by a splat one is its other operand.
 //! - *Dot epilogues*: an f32 dot and an f32 group that reads it elementwise become one step
 //!   (`Kind::DotFused`): each batch entry (an expert) goes through the group right after
 //!   its GEMM, while in cache. It takes the dot's place when the group's other inputs exist
@@ -47,8 +49,11 @@
 //! exists when the segment before its round ends is instead placed by its senders: the
 //! results are allocated before that segment and each device task, as it ends, copies its
 //! blocks into every receiver's result (`Dev::send`), so the copies run while other tasks
-//! still compute instead of in a pass after the barrier. Deterministic, deadlock-free
-//! (DEPENDENCIES.md section 2).
+//! still compute instead of in a pass after the barrier. There, too, the pool's other
+//! threads stay busy through the run (`keep_awake`) and a device task that ends waits
+//! busily for its segment's last one (`DeviceTask::end`), instead of falling asleep at
+//! every barrier to be woken by a futex. Deterministic, deadlock-free (DEPENDENCIES.md
+//! section 2; the busy waits end by themselves after `BUSY_IDLE` without work).
 //!
 //! **Memory**: freed buffers go to a per-device pool (exact dtype and length), kept across
 //! runs of the same [`Executable`] and capped at the run's peak of live bytes; a fused group
@@ -1505,7 +1510,7 @@ impl Executable {
         // layer's 23 ms step on 8 devices, 2 cores). No worker blocks on another: a
         // collective runs between segments, on this one task.
         let shared = comm.shared_memory() && !self.reference_kernels;
-        // The pool's other threads stay awake through the run ([`keep_awake`]) when the
+        // The pool's other threads stay awake through the run (`keep_awake`) when the
         // devices share this process: a thread with nothing to do would otherwise fall
         // asleep within tens of microseconds, at every segment's end, and the next
         // segment's tasks would reach it only after a futex wake-up.
