@@ -188,3 +188,44 @@ fn moe_gelu_random_f32_matches_reference_on_1_2_4_devices() {
 fn moe_relu_all_f64_matches_reference_on_1_2_4_devices() {
     check_program("moe_relu_all_f64.gsir");
 }
+
+/// Two callers running in-process executables on the one rayon pool at the same time
+/// (tests in one process, a user's threads): the pool's threads, kept busy through each
+/// run and waiting at its segments' ends, must let both runs finish, with the values each
+/// run gives alone.
+#[test]
+fn concurrent_runs_on_one_pool_finish_and_agree() {
+    let p = fixture("moe_relu_all.gsir");
+    let ins = inputs(&p, 11);
+    let mut q = p.clone();
+    q.mesh = Some(Mesh::new(&[("expert", 4)]).unwrap());
+    let part = spmd::compile(&q).unwrap();
+    let per_dev = shard(&part, &ins);
+    let exe = Executable::new(&part.program).unwrap();
+    let alone = exe.run(&InProcess::new(4), &per_dev, None).unwrap().outputs;
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let exe = Executable::new(&part.program).unwrap();
+                    (0..100)
+                        .map(|_| exe.run(&InProcess::new(4), &per_dev, None).unwrap().outputs)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for r in runs {
+            for outs in r.join().expect("a run panicked") {
+                for (dev, (got, want)) in outs.iter().zip(&alone).enumerate() {
+                    for (name, w) in want {
+                        assert_eq!(
+                            got[name].to_f64_vec(),
+                            w.to_f64_vec(),
+                            "{name} on device {dev}"
+                        );
+                    }
+                }
+            }
+        }
+    });
+}
