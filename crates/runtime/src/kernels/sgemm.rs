@@ -126,9 +126,10 @@ pub struct MatMut {
     pub cs: usize,
     pub rows: *const usize,
     pub cols: *const usize,
-    /// Written with non-temporal stores where the micro-kernel can (whole aligned lines):
-    /// a result nothing reads soon (a step's gradient output), whose lines would
-    /// otherwise each be read from memory before being overwritten.
+    /// Written with non-temporal stores where the micro-kernel can (whole aligned lines of
+    /// a tile written once: products of at most one `KC` block of steps): a result nothing
+    /// reads soon (a step's gradient output), whose lines would otherwise each be read from
+    /// memory before being overwritten.
     pub stream: bool,
 }
 
@@ -583,6 +584,9 @@ unsafe fn blocked(
     let kk = ks.len();
     let width = tile_width();
     let wide = width > NR;
+    // Streamed stores only where each tile is written once: one block of steps (a later
+    // block would read the streamed lines back from memory to add to them).
+    let stream = c.stream && kk <= KC;
     // SAFETY (whole body): offsets stay inside the operands by the caller's contract.
     unsafe {
         for jc in (0..n).step_by(NC) {
@@ -702,7 +706,7 @@ unsafe fn blocked(
                                     if wide {
                                         wide::tile_rows(
                                             kc, &arow, bp, ps, &crow, c.cs, mr, nr, first, pf,
-                                            c.stream,
+                                            stream,
                                         );
                                     } else {
                                         avx2::tile_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
@@ -711,8 +715,7 @@ unsafe fn blocked(
                                     let ap = pa[t * MR * kc..].as_ptr();
                                     if wide {
                                         wide::tile(
-                                            kc, ap, bp, ps, &crow, c.cs, mr, nr, first, pf,
-                                            c.stream,
+                                            kc, ap, bp, ps, &crow, c.cs, mr, nr, first, pf, stream,
                                         );
                                     } else {
                                         avx2::tile(kc, ap, bp, &crow, c.cs, mr, nr, first);
