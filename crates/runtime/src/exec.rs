@@ -1514,21 +1514,24 @@ impl Executable {
         // devices share this process: a thread with nothing to do would otherwise fall
         // asleep within tens of microseconds, at every segment's end, and the next
         // segment's tasks would reach it only after a futex wake-up.
-        let running = AtomicBool::new(true);
+        let running = Arc::new(AtomicBool::new(true));
         let awake = shared && rayon::current_num_threads() > 1;
-        let result: Result<(), ExecError> = rayon::scope(|sc| {
-            let leader = rayon::current_thread_index();
+        let result: Result<(), ExecError> = rayon::scope(|_| {
+            // The run ends (`running` false) however the segments end, a panic included.
+            let _end = RunEnd(running.clone());
             if awake {
-                let running = &running;
-                sc.spawn_broadcast(move |_, ctx| {
+                // Not tied to the scope: the run never waits for a thread to take its job
+                // (one blocked outside rayon never would); a job taken after the run sees
+                // it ended and returns.
+                let leader = rayon::current_thread_index();
+                let running = running.clone();
+                rayon::spawn_broadcast(move |ctx| {
                     if Some(ctx.index()) != leader {
-                        keep_awake(running);
+                        keep_awake(&running);
                     }
                 });
             }
-            let r = self.run_segments(&mut devs, comm, profiler, &positions, &mut stats, shared);
-            running.store(false, Ordering::Release);
-            r
+            self.run_segments(&mut devs, comm, profiler, &positions, &mut stats, shared)
         });
         let peak = devs.iter().map(|d| d.peak).max().unwrap_or(0);
         let resident = devs.iter().map(|d| d.resident).max().unwrap_or(0);
@@ -1604,7 +1607,7 @@ impl Executable {
                     // With several devices here, a task that ends keeps its thread busy
                     // until the segment's last one ends ([`DeviceTask::end`]).
                     let left = AtomicUsize::new(devs.len());
-                    let wait = shared && devs.len() > 1;
+                    let wait = shared && devs.len() > 1 && rayon::current_num_threads() > 1;
                     let errs: Vec<Result<(), ExecError>> = devs
                         .par_iter_mut()
                         .with_max_len(1)
@@ -1814,6 +1817,17 @@ thread_local! {
     /// Device tasks in progress on this thread (one inside another when a task waiting on
     /// its kernels' parallel parts ran another device's task).
     static TASKS_HERE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// This thread is inside [`busy_until`]: a task it runs there does not wait again.
+    static BUSY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks a run ended when dropped.
+struct RunEnd(Arc<AtomicBool>);
+
+impl Drop for RunEnd {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// A device's task within a segment: counts the segment's unfinished tasks down when it
@@ -1835,36 +1849,59 @@ impl<'a> DeviceTask<'a> {
         DeviceTask { left }
     }
 
-    /// End the task; with `wait`, and no other device task in progress below this one on
-    /// this thread, keep the thread busy until the segment's last task ends ([`busy_until`]):
-    /// a thread that went idle in rayon instead would fall asleep after a few dozen
-    /// microseconds and wake up only after a futex round trip when the segment ends.
+    /// End the task; with `wait`, and no other device task in progress beneath this one on
+    /// this thread, keep the thread busy until the segment's last task ends ([`busy_until`],
+    /// at most [`TASK_WAIT`]): a thread that went idle in rayon instead would fall asleep
+    /// after a few dozen microseconds and wake up only after a futex round trip when the
+    /// segment ends.
     fn end(self, wait: bool) {
         let left = self.left;
         drop(self);
         if wait && TASKS_HERE.with(|c| c.get()) == 0 {
-            busy_until(|| left.load(Ordering::Acquire) == 0);
+            busy_until(|| left.load(Ordering::Acquire) == 0, TASK_WAIT);
         }
     }
 }
 
 /// How long a thread waits with nothing to run before [`busy_until`] gives up.
 const BUSY_IDLE: std::time::Duration = std::time::Duration::from_micros(300);
+/// The longest a device task that ended waits for its segment's others.
+const TASK_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+/// The longest a pool thread stays awake for one run ([`keep_awake`]).
+const RUN_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Keep this pool thread busy until `done()`: run the pool's pending work (other devices'
-/// tasks, the parallel parts of their kernels) or spin. Gives up after [`BUSY_IDLE`]
-/// without anything to run: a waiting thread may sit on top of unfinished work (a task it
-/// took while waiting inside a kernel's parallel loop) that `done` waits for, so the wait
-/// must end by itself; it costs at most that long then.
-fn busy_until(done: impl Fn() -> bool) {
+/// tasks, the parallel parts of their kernels) or spin. A waiting thread may sit on top of
+/// unfinished work that `done` waits for (a task it took while waiting inside a kernel's
+/// parallel loop), so every wait ends by itself: after [`BUSY_IDLE`] without anything to
+/// run, and after `most` in all. Waits do not nest (a task run inside one does not wait
+/// again on top of it: a thread handling thousands of devices would otherwise nest a
+/// frame per task and overflow its stack).
+fn busy_until(done: impl Fn() -> bool, most: std::time::Duration) {
+    if BUSY.with(|b| b.replace(true)) {
+        return;
+    }
+    // Clears the flag however the wait ends (a job run here may panic).
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            BUSY.with(|b| b.set(false));
+        }
+    }
+    let _clear = Clear;
+    let start = std::time::Instant::now();
     let mut idle_since: Option<std::time::Instant> = None;
     while !done() {
         if rayon::yield_now() == Some(rayon::Yield::Executed) {
             idle_since = None;
+            if start.elapsed() > most {
+                return;
+            }
         } else if idle_since
             .get_or_insert_with(std::time::Instant::now)
             .elapsed()
             > BUSY_IDLE
+            || start.elapsed() > most
         {
             return;
         } else {
@@ -1879,9 +1916,13 @@ fn busy_until(done: impl Fn() -> bool) {
 
 /// A pool thread's part in a run of in-process devices ([`Executable::run_shared`]): take
 /// device tasks and kernel parts as they appear, through the segments and the collectives
-/// between them, until the run ends (or nothing comes for [`BUSY_IDLE`]).
+/// between them, until the run ends (or nothing comes for [`BUSY_IDLE`], or after
+/// [`RUN_WAIT`]: a long run's barriers cost it little). Taken inside a device task (a
+/// concurrent run's job, found while waiting in a kernel), it returns at once.
 fn keep_awake(running: &AtomicBool) {
-    busy_until(|| !running.load(Ordering::Acquire));
+    if TASKS_HERE.with(|c| c.get()) == 0 {
+        busy_until(|| !running.load(Ordering::Acquire), RUN_WAIT);
+    }
 }
 
 /// One device's state during a run.

@@ -639,3 +639,114 @@ fn all_to_all_of_whole_lines_is_the_reference() {
         }
     }
 }
+
+/// Thousands of in-process devices on a few threads: a device task that ends while others
+/// run keeps its thread busy running them, and must not nest a wait per task (4096 nested
+/// waits overflowed a thread's stack). Every device gets the sum.
+#[test]
+fn thousands_of_devices_run_to_the_end() {
+    use runtime::{Executable, InProcess};
+    let n = 4096;
+    let p = one_op(
+        &format!("x={n}"),
+        &[4],
+        Op::AllReduce {
+            op: ReduceOp::Sum,
+            axes: axes(&["x"]),
+        },
+    );
+    let ins: Vec<HashMap<String, HostTensor>> = (0..n)
+        .map(|d| {
+            inputs(vec![(
+                "x",
+                HostTensor::from_f32(vec![4], vec![d as f32; 4]),
+            )])
+        })
+        .collect();
+    let exe = Executable::new(&p).unwrap();
+    for _ in 0..2 {
+        let got = exe.run(&InProcess::new(n), &ins, None).unwrap();
+        let want = (n * (n - 1) / 2) as f64;
+        for (dev, o) in got.outputs.iter().enumerate() {
+            assert_eq!(o["y"].to_f64_vec(), vec![want; 4], "device {dev}");
+        }
+    }
+}
+
+/// Several callers running in-process executables on the one rayon pool at once, each run
+/// with kernels large enough to split over the pool's threads (a batch of GEMMs, a fused
+/// group of 256K elements) between two all-to-alls: every run finishes (a watchdog fails
+/// the test instead of letting it hang) with the values of a run alone.
+#[test]
+fn concurrent_split_runs_finish_and_agree() {
+    use ir::DotDims;
+    use runtime::{Executable, InProcess};
+    let b = ir::Builder::with_mesh(Mesh::parse_spec("x=4").unwrap());
+    let x = b.param("x", Type::new(DType::F32, vec![4, 128, 128]));
+    let w = b.param("w", Type::new(DType::F32, vec![4, 128, 128]));
+    let a2a = |v: &ir::Value| {
+        b.emit(
+            Op::AllToAll {
+                split_dim: 0,
+                concat_dim: 0,
+                axes: axes(&["x"]),
+            },
+            &[v],
+            None,
+        )
+    };
+    let xs = a2a(&x);
+    let h = xs.dot_general(
+        &w,
+        DotDims {
+            lhs_batch: vec![0],
+            rhs_batch: vec![0],
+            lhs_contract: vec![2],
+            rhs_contract: vec![1],
+        },
+    );
+    let hh = b.emit(Op::Binary(ir::BinaryOp::Mul), &[&h, &h], None);
+    let y = a2a(&hh);
+    b.output("y", &y);
+    let p = b.finish();
+    let ins: Vec<HashMap<String, HostTensor>> = (0..4)
+        .map(|d| {
+            let v = |s: usize| -> Vec<f32> {
+                (0..4 * 128 * 128)
+                    .map(|i| ((i * 13 + d * 7 + s) % 17) as f32 / 16.0 - 0.5)
+                    .collect()
+            };
+            inputs(vec![
+                ("x", HostTensor::from_f32(vec![4, 128, 128], v(1))),
+                ("w", HostTensor::from_f32(vec![4, 128, 128], v(2))),
+            ])
+        })
+        .collect();
+    let alone = Executable::new(&p)
+        .unwrap()
+        .run(&InProcess::new(4), &ins, None)
+        .unwrap()
+        .outputs;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let callers = 4;
+    std::thread::scope(|s| {
+        for _ in 0..callers {
+            let tx = tx.clone();
+            let (p, ins, alone) = (&p, &ins, &alone);
+            s.spawn(move || {
+                let exe = Executable::new(p).unwrap();
+                for _ in 0..15 {
+                    let outs = exe.run(&InProcess::new(4), ins, None).unwrap().outputs;
+                    for (got, want) in outs.iter().zip(alone) {
+                        assert_eq!(got["y"].to_f64_vec(), want["y"].to_f64_vec());
+                    }
+                }
+                tx.send(()).unwrap();
+            });
+        }
+        for k in 0..callers {
+            rx.recv_timeout(std::time::Duration::from_secs(120))
+                .unwrap_or_else(|_| panic!("{k} of {callers} callers finished in 120 s"));
+        }
+    });
+}
