@@ -228,3 +228,56 @@ fn streamed_results_are_the_same_bits() {
         assert!(same, "{m}x{n}x{k} transposed {transposed}");
     }
 }
+
+/// Streamed tiles write whole lines only where a tile's row is full width: results whose
+/// rows are line-aligned (a padded row stride) but whose width leaves partial tiles keep
+/// the padding after each row untouched, and give the bits of ordinary stores.
+#[test]
+fn streamed_tiles_never_write_past_a_row() {
+    if !available() {
+        eprintln!("skipped: this CPU has no AVX2/FMA (the gemm crate runs f32 dots here)");
+        return;
+    }
+    let mut rng = Rng(0xfeed);
+    for (m, n, k) in [(13, 40, 64), (20, 100, 128), (7, 130, 33), (30, 16, 200)] {
+        let a: Vec<f32> = (0..m * k).map(|_| rng.value()).collect();
+        let b: Vec<f32> = (0..k * n).map(|_| rng.value()).collect();
+        let ar = MatRef {
+            ptr: a.as_ptr(),
+            rs: k,
+            cs: 1,
+        };
+        let br = MatRef {
+            ptr: b.as_ptr(),
+            rs: n,
+            cs: 1,
+        };
+        // Rows `rs` floats apart, each starting on a line; the padding must stay NaN.
+        let rs = n.div_ceil(16) * 16 + 16;
+        let run = |stream: bool| -> Vec<f32> {
+            let mut buf = vec![f32::NAN; m * rs + 16];
+            let off = buf.as_ptr().align_offset(64);
+            let c = &mut buf[off..off + m * rs];
+            let cm = MatMut {
+                stream,
+                ..MatMut::strided(c.as_mut_ptr(), rs, 1)
+            };
+            // SAFETY: AVX2/FMA checked above; `c` holds every row's `rs` floats.
+            unsafe { sgemm_ahead(m, n, k, ar, br, cm, &[]) };
+            c.to_vec()
+        };
+        let (plain, streamed) = (run(false), run(true));
+        for i in 0..m {
+            let row = &streamed[i * rs..(i + 1) * rs];
+            assert!(
+                row[n..].iter().all(|x| x.is_nan()),
+                "{m}x{n}x{k}: row {i}'s padding written"
+            );
+            let same = row[..n]
+                .iter()
+                .zip(&plain[i * rs..i * rs + n])
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{m}x{n}x{k} row {i}");
+        }
+    }
+}
