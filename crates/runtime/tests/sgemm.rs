@@ -165,6 +165,40 @@ proptest! {
     }
 }
 
+/// `m x n x k` of the row-major `a` and `b` into a 64-byte aligned result of `len` floats
+/// (every other one NaN) whose element `(i, j)` is at `i * rs + j * cs`, its stores
+/// streamed or not; the whole result buffer.
+#[allow(clippy::too_many_arguments)]
+fn product_into_aligned(
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    b: &[f32],
+    (rs, cs): (usize, usize),
+    len: usize,
+    stream: bool,
+) -> Vec<f32> {
+    let ar = MatRef {
+        ptr: a.as_ptr(),
+        rs: k,
+        cs: 1,
+    };
+    let br = MatRef {
+        ptr: b.as_ptr(),
+        rs: n,
+        cs: 1,
+    };
+    let mut buf = vec![f32::NAN; len + 16];
+    let off = buf.as_ptr().align_offset(64);
+    let c = &mut buf[off..off + len];
+    let cm = MatMut {
+        stream,
+        ..MatMut::strided(c.as_mut_ptr(), rs, cs)
+    };
+    // SAFETY: the callers check AVX2/FMA; `c` holds every element the strides address.
+    unsafe { sgemm_ahead(m, n, k, ar, br, cm, &[]) };
+    c.to_vec()
+}
+
 /// Results streamed to memory (non-temporal stores, taken by the AVX-512 tiles where each
 /// tile row is whole aligned lines) are the bits of ordinary stores: row-major and
 /// transposed results, widths that leave partial tiles (stored ordinarily), row counts
@@ -194,31 +228,9 @@ fn streamed_results_are_the_same_bits() {
             })
             .collect();
         let b: Vec<f32> = (0..k * n).map(|_| rng.value()).collect();
-        let ar = MatRef {
-            ptr: a.as_ptr(),
-            rs: k,
-            cs: 1,
-        };
-        let br = MatRef {
-            ptr: b.as_ptr(),
-            rs: n,
-            cs: 1,
-        };
-        // A 64-byte aligned result (rows of a multiple of 16 floats stay aligned).
-        let run = |stream: bool| -> Vec<f32> {
-            let mut buf = vec![f32::NAN; m * n + 16];
-            let off = buf.as_ptr().align_offset(64);
-            let c = &mut buf[off..off + m * n];
-            let (rs, cs) = if transposed { (1, m) } else { (n, 1) };
-            let cm = MatMut {
-                stream,
-                ..MatMut::strided(c.as_mut_ptr(), rs, cs)
-            };
-            // SAFETY: AVX2/FMA checked above; `c` holds exactly the `m x n` elements the
-            // strides address.
-            unsafe { sgemm_ahead(m, n, k, ar, br, cm, &[]) };
-            c.to_vec()
-        };
+        // Rows of a multiple of 16 floats stay aligned.
+        let strides = if transposed { (1, m) } else { (n, 1) };
+        let run = |stream| product_into_aligned((m, n, k), &a, &b, strides, m * n, stream);
         let (plain, streamed) = (run(false), run(true));
         assert!(plain.iter().all(|x| x.is_finite()), "{m}x{n}x{k}");
         let same = plain
@@ -239,33 +251,17 @@ fn streamed_tiles_never_write_past_a_row() {
         return;
     }
     let mut rng = Rng(0xfeed);
-    for (m, n, k) in [(13, 40, 64), (20, 100, 128), (7, 130, 33), (30, 16, 200)] {
+    for (m, n, k) in [
+        (13usize, 40usize, 64usize),
+        (20, 100, 128),
+        (7, 130, 33),
+        (30, 16, 200),
+    ] {
         let a: Vec<f32> = (0..m * k).map(|_| rng.value()).collect();
         let b: Vec<f32> = (0..k * n).map(|_| rng.value()).collect();
-        let ar = MatRef {
-            ptr: a.as_ptr(),
-            rs: k,
-            cs: 1,
-        };
-        let br = MatRef {
-            ptr: b.as_ptr(),
-            rs: n,
-            cs: 1,
-        };
         // Rows `rs` floats apart, each starting on a line; the padding must stay NaN.
         let rs = n.div_ceil(16) * 16 + 16;
-        let run = |stream: bool| -> Vec<f32> {
-            let mut buf = vec![f32::NAN; m * rs + 16];
-            let off = buf.as_ptr().align_offset(64);
-            let c = &mut buf[off..off + m * rs];
-            let cm = MatMut {
-                stream,
-                ..MatMut::strided(c.as_mut_ptr(), rs, 1)
-            };
-            // SAFETY: AVX2/FMA checked above; `c` holds every row's `rs` floats.
-            unsafe { sgemm_ahead(m, n, k, ar, br, cm, &[]) };
-            c.to_vec()
-        };
+        let run = |stream| product_into_aligned((m, n, k), &a, &b, (rs, 1), m * rs, stream);
         let (plain, streamed) = (run(false), run(true));
         for i in 0..m {
             let row = &streamed[i * rs..(i + 1) * rs];

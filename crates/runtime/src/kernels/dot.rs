@@ -658,6 +658,7 @@ fn gemm_one<T: GemmFloat>(
             (p.out.cs, cols),
             par,
             ahead,
+            p.stream_out,
         );
     }
     // Rows and columns both at their own offsets (or no micro-kernel): multiply into a
@@ -669,7 +670,21 @@ fn gemm_one<T: GemmFloat>(
             ptr: tmp.as_mut_ptr(),
             len: tmp.len(),
         };
-        gemm_strided(p, l, lb, r, rb, tp, 0, (n, None), (1, None), par, ahead);
+        // (Into the scratch tile, read back at once: never streamed.)
+        gemm_strided(
+            p,
+            l,
+            lb,
+            r,
+            rb,
+            tp,
+            0,
+            (n, None),
+            (1, None),
+            par,
+            ahead,
+            false,
+        );
         assert!(ob + p.out.last(m, n) < out.len);
         for i in 0..m {
             let o = ob + p.out.row(i);
@@ -685,6 +700,7 @@ fn gemm_one<T: GemmFloat>(
 /// `rows[i]`, `col(j)` = `j*ocs` or `cols[j]` (tables only on the f32 micro-kernel path, one
 /// at most; the caller has bounded them inside `out`). `next`: the batch entry this thread
 /// multiplies next, whose operands the micro-kernel fetches while it computes this one.
+/// `stream`: write with non-temporal stores where the kernel can (`sgemm::MatMut::stream`).
 #[allow(clippy::too_many_arguments)]
 fn gemm_strided<T: GemmFloat>(
     p: &DotPlan,
@@ -698,6 +714,7 @@ fn gemm_strided<T: GemmFloat>(
     (ocs, cols): (usize, Option<&[usize]>),
     par: gemm::Parallelism,
     ahead: Ahead,
+    stream: bool,
 ) {
     let (m, n, k) = (p.m, p.n, p.k);
     let (lrs, lcs, rrs, rcs) = (p.lhs.rs, p.lhs.cs, p.rhs.rs, p.rhs.cs);
@@ -768,7 +785,7 @@ fn gemm_strided<T: GemmFloat>(
                             cs: ocs,
                             rows: trows,
                             cols: tcols,
-                            stream: p.stream_out,
+                            stream,
                         }
                     },
                     ahead,
