@@ -34,6 +34,12 @@
 //! - *Sums of products*: an f32 sum over every dim of a group `a * b` that nothing else
 //!   reads (a layer's loss `sum(y * dy)`) is one pass (`Kind::SumProduct`): the same f32
 //!   products added in the same f64 order, the product never written.
+//! - *Shared supports*: a group `convert(x != 0)` has the non-zeros of `x`; both get one
+//!   key ([`same_supports`]). At run time the first sparse product that reads a buffer
+//!   with a key finds its support (one pass, over `x` itself while it is live, keeping its
+//!   values), and every later product with that key lists its terms from it
+//!   ([`kernels::dot::Support`]): the MoE layer's mask and combine weights are scanned once
+//!   for the dispatch, the combine and both their gradients.
 //! - *Liveness*: each buffer (a value and its aliases) is released after the last step
 //!   that reads it; outputs are kept.
 //! - *Rounds*: small collectives (scalar losses, norms) wait to run in the round of the
@@ -63,8 +69,8 @@
 
 use crate::comm::{place_all_to_all, wire_bytes, CommError, Communicator, Sinks};
 use crate::kernels::dot::{
-    dot, dot_ahead, dot_masked, dot_masked_sums, dot_then, masked_row_sums, DotPath, DotPlan,
-    NO_TAIL,
+    dot, dot_known, dot_masked, dot_masked_sums, dot_then, masked_row_sums, DotPath, DotPlan,
+    Known, Support, Values, NO_TAIL,
 };
 use crate::kernels::elementwise::{
     collapse_broadcast, run_fused_inplace, run_fused_part, Fused, Node,
@@ -254,6 +260,10 @@ pub struct Executable {
     members: Vec<Vec<usize>>,
     /// Last step reading each class (usize::MAX for outputs).
     last_read: Vec<usize>,
+    /// `support_of[v]`: the buffer class whose non-zeros `v` has at the same positions
+    /// (its own class, or that of `x` for a group `convert(x != 0)`): the key of the
+    /// supports a run shares between sparse products ([`kernels::dot::Support`]).
+    support_of: Vec<usize>,
     pools: Mutex<Vec<Pool>>,
     /// Run kernels with the reference interpreter (a debugging / differential mode).
     reference_kernels: bool,
@@ -839,6 +849,41 @@ fn sum_products(p: &Program, steps: &mut Vec<Step>) {
     remove_marked(steps, &dropped);
 }
 
+/// `support_of[v]` for every value (see [`Executable`]): its buffer class, except that a
+/// fused group computing exactly `convert(x != 0)` (or `0 != x`) to a float from a float
+/// `x` of its shape shares `x`'s key: both are non-zero at the same positions (`-0` and
+/// `+0` compare equal to zero, NaN does not, as in the sparse path's scan). A combine
+/// weight's support then also serves its dispatch mask (MoE: one pass over the four
+/// one-hot products' sparse operands instead of four).
+fn same_supports(p: &Program, steps: &[Step], class: &[usize]) -> Vec<usize> {
+    let mut key = class.to_vec();
+    for s in steps {
+        let Kind::Fused { f, inputs, .. } = &s.kind else {
+            continue;
+        };
+        let [x] = inputs[..] else {
+            continue;
+        };
+        let float = |t: DType| matches!(t, DType::F32 | DType::F64);
+        let zero = |n: usize| matches!(f.nodes.get(n), Some((Node::Splat(z), _)) if *z == 0.0);
+        let input = |n: usize| matches!(f.nodes.get(n), Some((Node::Input(0), _)));
+        let indicator = match f.nodes.last() {
+            Some(&(Node::Convert(c), t)) if float(t) => matches!(
+                f.nodes.get(c),
+                Some(&(Node::Compare(ir::CompareOp::Ne, a, b), _))
+                    if (input(a) && zero(b)) || (zero(a) && input(b))
+            ),
+            _ => false,
+        };
+        let (tx, ty) = (&p.instrs[x].ty, &p.instrs[s.instr].ty);
+        if indicator && float(tx.dtype) && tx.shape == ty.shape {
+            key[class[s.instr]] = key[class[x]];
+        }
+    }
+    // A class's members share its key.
+    (0..class.len()).map(|v| key[class[v]]).collect()
+}
+
 /// Merge each f32 dot with an f32 elementwise group that reads it into one
 /// [`Kind::DotFused`] step: every batch entry of the product goes through the group right
 /// after its GEMM, while it is in cache, instead of in a second pass over memory (the ReLU
@@ -1337,6 +1382,7 @@ impl Executable {
                 steps[last_read[c]].frees.push(c);
             }
         }
+        let support_of = same_supports(p, &steps, &class);
         let mut segments = Vec::new();
         let mut start = 0;
         for (si, s) in steps.iter().enumerate() {
@@ -1402,6 +1448,7 @@ impl Executable {
             class,
             members,
             last_read,
+            support_of,
             pools: Mutex::new(Vec::new()),
             reference_kernels,
         })
@@ -1434,6 +1481,14 @@ impl Executable {
     /// being kept (see the module docs).
     pub fn coded_relus(&self) -> usize {
         self.coded_relus
+    }
+
+    /// Number of values that share another buffer's support (`convert(x != 0)` groups; see
+    /// [`kernels::dot::Support`]).
+    pub fn shared_supports(&self) -> usize {
+        (0..self.class.len())
+            .filter(|&v| self.support_of[v] != self.class[v])
+            .count()
     }
 
     /// Number of fused groups and of instructions folded into them.
@@ -1499,6 +1554,7 @@ impl Executable {
                 inputs,
                 profiler,
                 error_device: (self.program.mesh.is_some()).then_some(pos),
+                supports: HashMap::new(),
             })
             .collect();
         let mut stats: Vec<CollectiveStat> = Vec::new();
@@ -1937,6 +1993,9 @@ struct Dev<'a> {
     inputs: &'a HashMap<String, Arc<HostTensor>>,
     profiler: Option<&'a Profiler>,
     error_device: Option<usize>,
+    /// Supports found in this run, by [`Executable::support_of`] key (`None`: dense), and
+    /// the buffer class each was found on.
+    supports: HashMap<usize, (Option<Support>, usize)>,
 }
 
 impl Dev<'_> {
@@ -2060,7 +2119,7 @@ impl Dev<'_> {
     /// Run dot `plan` on values `l` and `r` into `out`: its flops and profile detail.
     #[allow(clippy::too_many_arguments)]
     fn run_dot(
-        &self,
+        &mut self,
         exe: &Executable,
         plan: &DotPlan,
         l: usize,
@@ -2068,7 +2127,42 @@ impl Dev<'_> {
         out: &mut Data,
         tail: &[(usize, usize); 2],
     ) -> (f64, String) {
-        let path = dot_ahead(
+        // An operand a sparse path may list: its support, found once per run and shared by
+        // every product reading it (or the same non-zeros). The pass reads the buffer the
+        // key names where it is live (a combine weight, whose values the products need),
+        // else this operand.
+        for v in [l, r] {
+            let key = exe.support_of[v];
+            if self.supports.contains_key(&key) {
+                continue;
+            }
+            let len = self.data(v).len();
+            let src = match &self.vals[key] {
+                Some(b) if b.data().len() == len => key,
+                _ => v,
+            };
+            let sup = match self.data(src) {
+                Data::F32(x) if plan.sparse_worth(x.len()) => Support::of(x),
+                Data::F64(x) if plan.sparse_worth(x.len()) => Support::of(x),
+                _ => continue,
+            };
+            self.supports.insert(key, (sup, exe.class[src]));
+        }
+        let known = [l, r].map(|v| match self.supports.get(&exe.support_of[v]) {
+            None => Known::Unknown,
+            Some((None, _)) => Known::Dense,
+            Some((Some(sup), scanned)) => {
+                let vals = if exe.class[v] == *scanned {
+                    Values::Scanned
+                } else if exe.class[v] != exe.support_of[v] {
+                    Values::Ones
+                } else {
+                    Values::Read
+                };
+                Known::Sparse(sup, vals)
+            }
+        });
+        let path = dot_known(
             plan,
             &exe.program.instrs[l].ty.shape,
             self.data(l),
@@ -2076,6 +2170,7 @@ impl Dev<'_> {
             self.data(r),
             out,
             tail,
+            known,
         );
         let copied = match plan.copies(path) {
             (false, false) => "",

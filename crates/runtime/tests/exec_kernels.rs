@@ -850,6 +850,108 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
     );
 }
 
+/// The MoE layer's one-hot products as the layer writes them: the dispatch reads the mask
+/// `convert(combine != 0)`, the combine and its gradient the combine weights, the
+/// dispatch's gradient the mask. The mask is found to share the weights' support (one
+/// pass over them for all four products), and every product equals the reference, with
+/// `-0` and NaN among the weights (NaN is a non-zero of both; `-0` of neither).
+#[test]
+fn a_mask_of_the_combine_weights_shares_their_support() {
+    let (g, s, e, c, m) = (2usize, 64, 8, 4, 32);
+    let mut rng = Rng(5);
+    let mut comb = vec![0.0; g * s * e * c];
+    for row in 0..g * s {
+        for _ in 0..2 {
+            comb[row * e * c + rng.below(e * c)] = match rng.below(40) {
+                0 => -0.0,
+                1 => f64::NAN,
+                _ => rng.unit(),
+            };
+        }
+    }
+    let gsec = Type::new(DType::F32, vec![g, s, e, c]);
+    let b = Builder::new();
+    let comb_v = b.param("combine", gsec.clone());
+    let x = b.param("x", Type::new(DType::F32, vec![g, s, m]));
+    let eo = b.param("eo", Type::new(DType::F32, vec![e, g, c, m]));
+    let dx = b.param("dx", Type::new(DType::F32, vec![g, e, c, m]));
+    let zero = b.emit(
+        Op::Constant {
+            value: Literal::Splat(0.0),
+        },
+        &[],
+        Some(gsec.clone()),
+    );
+    let ne = b.emit(Op::Compare(CompareOp::Ne), &[&comb_v, &zero], None);
+    let mask = b.emit(Op::Convert, &[&ne], Some(gsec.clone()));
+    let dd = |lb: Vec<usize>, rb: Vec<usize>, lc: Vec<usize>, rc: Vec<usize>| DotDims {
+        lhs_batch: lb,
+        rhs_batch: rb,
+        lhs_contract: lc,
+        rhs_contract: rc,
+    };
+    let dispatch = b.emit(
+        Op::DotGeneral(dd(vec![0], vec![0], vec![1], vec![1])),
+        &[&mask, &x],
+        None,
+    );
+    let combine = b.emit(
+        Op::DotGeneral(dd(vec![0], vec![1], vec![2, 3], vec![0, 2])),
+        &[&comb_v, &eo],
+        None,
+    );
+    let comb_grad = b.emit(
+        Op::DotGeneral(dd(vec![0], vec![0], vec![1], vec![1])),
+        &[&x, &comb_v],
+        None,
+    );
+    let dispatch_grad = b.emit(
+        Op::DotGeneral(dd(vec![0], vec![0], vec![1, 2], vec![2, 3])),
+        &[&dx, &mask],
+        None,
+    );
+    b.output("dispatch", &dispatch);
+    b.output("combine", &combine);
+    b.output("comb_grad", &comb_grad);
+    b.output("dispatch_grad", &dispatch_grad);
+    let p = b.finish();
+    let exe = Executable::new(&p).unwrap();
+    assert_eq!(
+        exe.shared_supports(),
+        1,
+        "the mask shares the weights' support"
+    );
+    let mut ins: HashMap<String, HostTensor> = HashMap::new();
+    ins.insert("combine".into(), HostTensor::from_f64_values(gsec, &comb));
+    for (n, shape) in [
+        ("x", vec![g, s, m]),
+        ("eo", vec![e, g, c, m]),
+        ("dx", vec![g, e, c, m]),
+    ] {
+        ins.insert(n.into(), rng.tensor(&Type::new(DType::F32, shape), false));
+    }
+    let want = runtime::run(&p, &ins).unwrap();
+    let (got, prof) = run_profiled(&p, &ins);
+    for name in ["dispatch", "combine", "comb_grad", "dispatch_grad"] {
+        let w = &want[name];
+        let scale = w
+            .to_f64_vec()
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold(0.0f64, |a, v| a.max(v.abs()));
+        let bound = HostTensor::from_f64(w.shape().to_vec(), vec![scale * 4.0; w.num_elements()]);
+        assert_bounded(name, &got[name], w, &bound, 1e-6, 1e-6);
+    }
+    let paths: Vec<String> = prof
+        .events()
+        .into_iter()
+        .filter(|e| e.cat == "dot")
+        .map(|e| e.detail)
+        .collect();
+    assert_eq!(paths.len(), 4, "{paths:?}");
+    assert!(paths.iter().all(|d| d.starts_with("Sparse")), "{paths:?}");
+}
+
 /// The in-process backend through `Communicator::collective` alone: other methods keep
 /// the trait's defaults (as a backend that implements only that would).
 struct OnlyCollective(InProcess);

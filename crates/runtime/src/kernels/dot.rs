@@ -32,7 +32,13 @@
 //! Both operands are read in place through per-row and per-column offset tables (a
 //! `View`; no permuted copy), the sparse one along its contiguous direction, each block of
 //! 16 values compared with zero into one bit mask whose set bits alone are visited; the
-//! path then reads the list. A result whose rows
+//! path then reads the list. A caller that already knows an operand's non-zeros (a
+//! [`Support`]: their flat positions and values, found by one pass over a buffer) passes it
+//! ([`dot_known`]), and the lists are built from it without reading the operand: each
+//! position is split into batch entry, row and column by multiplies with precomputed
+//! reciprocals, then grouped by line (a counting sort that keeps memory order). The
+//! executor finds each one-hot buffer's support once per run and shares it between the
+//! products that read it. A result whose rows
 //! (columns) are contiguous is written once: each one's first term onto zero, those
 //! without terms zero-filled. A fused output transpose whose row or column dims do not
 //! merge is written through the same kind of table.
@@ -80,6 +86,10 @@ struct View {
     /// Rows (columns) one element apart: `rows[i] = rows[0] + i`.
     rows_unit: bool,
     cols_unit: bool,
+    /// Per dim of the operand of size above one, outermost first: its stride, the stride's
+    /// 64-bit reciprocal, its group (0 batch, 1 rows, 2 columns) and its weight in that
+    /// group's index ([`View::locate`]).
+    inverse: Vec<(u64, u64, u8, usize)>,
 }
 
 impl View {
@@ -87,14 +97,248 @@ impl View {
         let st = super::strides(shape);
         let unit = |t: &[usize]| t.iter().enumerate().all(|(i, &o)| o == t[0] + i);
         let (r, c) = (offsets(shape, &st, rows), offsets(shape, &st, cols));
+        // A group's index is row-major over its dims in the order listed.
+        let mut inverse: Vec<(u64, u64, u8, usize)> = st
+            .iter()
+            .map(|&t| {
+                let t = t.max(1) as u64;
+                (t, (u64::MAX / t).wrapping_add(1), 3, 0)
+            })
+            .collect();
+        for (g, list) in [batch, rows, cols].into_iter().enumerate() {
+            let mut w = 1;
+            for &d in list.iter().rev() {
+                inverse[d].2 = g as u8;
+                inverse[d].3 = w;
+                w *= shape[d];
+            }
+        }
+        let inverse = inverse
+            .into_iter()
+            .zip(shape)
+            .filter(|&(_, &n)| n > 1)
+            .map(|(d, _)| d)
+            .collect();
         View {
             batch_off: offsets(shape, &st, batch),
             rows_unit: unit(&r),
             cols_unit: unit(&c),
             rows: r,
             cols: c,
+            inverse,
         }
     }
+
+    /// The batch entry, row and column of the element at flat position `at` (the inverse of
+    /// `batch_off[b] + rows[i] + cols[j]`; `at` below 2^32). Each dim's index is the
+    /// quotient by its stride of what the outer dims leave, taken by one multiply with a
+    /// precomputed 64-bit reciprocal (exact for 32-bit dividends and divisors: Lemire,
+    /// Kaser and Kurz, "Faster remainder by direct computation", 2019).
+    #[inline]
+    fn locate(&self, at: usize) -> [usize; 3] {
+        let mut g = [0usize; 4];
+        let mut rem = at as u64;
+        for &(st, magic, group, w) in &self.inverse {
+            let q = if st == 1 {
+                rem
+            } else {
+                ((u128::from(magic) * u128::from(rem)) >> 64) as u64
+            };
+            rem -= q * st;
+            g[usize::from(group)] += q as usize * w;
+        }
+        [g[0], g[1], g[2]]
+    }
+}
+
+/// The flat positions of a buffer's non-zeros (anything but `+0` and `-0`; NaN counts), in
+/// increasing order: found once by one pass over the buffer ([`Support::of`]) and shared by
+/// every sparse product that reads the buffer (or a buffer with the same non-zeros, such as
+/// the `0/1` mask `x != 0` of a combine weight `x`), each listing its terms from it
+/// ([`terms_from_support`]) instead of scanning the buffer again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Support {
+    pos: Vec<u32>,
+    /// The scanned buffer's value at each position.
+    vals: Vec<f64>,
+}
+
+impl Support {
+    /// The support of `x` when at most a tenth of it is non-zero (and it has under 2^32
+    /// elements); `None` for a denser buffer (told apart by samples first, as the sparse
+    /// path does).
+    pub fn of<T: GemmFloat>(x: &[T]) -> Option<Support> {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        if x.len() > u32::MAX as usize || sampled_dense(x) {
+            return None;
+        }
+        let limit = x.len() / 10;
+        let (found, over) = (AtomicUsize::new(0), AtomicBool::new(false));
+        let chunk = |(c, xs): (usize, &[T])| {
+            let (mut pos, mut vals) = (Vec::new(), Vec::new());
+            if over.load(Ordering::Relaxed) {
+                return (pos, vals);
+            }
+            let base = c * SUPPORT_CHUNK;
+            with_avx2(
+                #[inline(always)]
+                || {
+                    for_nonzero(xs, |t, v| {
+                        pos.push((base + t) as u32);
+                        vals.push(v.to_f64());
+                    })
+                },
+            );
+            if found.fetch_add(pos.len(), Ordering::Relaxed) + pos.len() > limit {
+                over.store(true, Ordering::Relaxed);
+            }
+            (pos, vals)
+        };
+        let parts: Vec<(Vec<u32>, Vec<f64>)> = if x.len() >= super::PAR_MIN {
+            x.par_chunks(SUPPORT_CHUNK).enumerate().map(chunk).collect()
+        } else {
+            x.chunks(SUPPORT_CHUNK).enumerate().map(chunk).collect()
+        };
+        (!over.into_inner()).then(|| {
+            let (pos, vals): (Vec<Vec<u32>>, Vec<Vec<f64>>) = parts.into_iter().unzip();
+            Support {
+                pos: pos.concat(),
+                vals: vals.concat(),
+            }
+        })
+    }
+
+    /// Whether every position lies in a buffer of `len` elements.
+    fn fits(&self, len: usize) -> bool {
+        self.pos.last().is_none_or(|&p| (p as usize) < len)
+    }
+
+    /// How many non-zeros.
+    pub fn len(&self) -> usize {
+        self.pos.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.pos.is_empty()
+    }
+}
+
+/// Elements per part of [`Support::of`]'s pass (a multiple of 64: whole bit-mask blocks).
+const SUPPORT_CHUNK: usize = 1 << 14;
+
+/// [`sparse_terms`]'s lists from a known support of `x` (read through `view`; an lhs when
+/// `lhs`): each batch entry's terms grouped by line, each line's in increasing step (the
+/// order the sparse path adds them in), with their values as `vals` says. Where the steps'
+/// offsets increase with the step, memory order already has each line's terms in step
+/// order, and a stable counting sort by line is enough; otherwise the terms are sorted.
+/// A long support (one device holding the whole layer) is located in parallel parts, and
+/// its batch entries sorted in parallel.
+fn terms_from_support<T: GemmFloat>(
+    x: &[T],
+    view: &View,
+    sup: &Support,
+    vals: Values,
+    lhs: bool,
+) -> Vec<Vec<Term<T>>> {
+    let b = view.batch_off.len();
+    let (lines, steps) = if lhs {
+        (view.rows.len(), &view.cols)
+    } else {
+        (view.cols.len(), &view.rows)
+    };
+    let locate = |(&at, &v): (&u32, &f64)| {
+        let at = at as usize;
+        let [bb, i, j] = view.locate(at);
+        let (q, kk) = if lhs { (i, j) } else { (j, i) };
+        let v = match vals {
+            Values::Scanned => T::from_f64(v),
+            Values::Ones => T::ONE,
+            Values::Read => x[at],
+        };
+        (bb, (q as u32, kk as u32, v))
+    };
+    let parallel = sup.pos.len() >= SUPPORT_PAR_MIN;
+    let located: Vec<(usize, Term<T>)> = if parallel {
+        sup.pos
+            .par_chunks(SUPPORT_PAR_MIN / 2)
+            .zip(sup.vals.par_chunks(SUPPORT_PAR_MIN / 2))
+            .flat_map_iter(|(p, v)| p.iter().zip(v).map(locate).collect::<Vec<_>>())
+            .collect()
+    } else {
+        sup.pos.iter().zip(&sup.vals).map(locate).collect()
+    };
+    let in_order = steps.windows(2).all(|w| w[0] < w[1]);
+    // One batch entry's terms (in memory order) grouped by line, each line's by step.
+    let group = |part: &[(usize, Term<T>)]| -> Vec<Term<T>> {
+        if !(in_order && lines <= 4 * part.len() + 4096) {
+            let mut list: Vec<Term<T>> = part.iter().map(|t| t.1).collect();
+            list.sort_unstable_by_key(|t| (t.0, t.1));
+            return list;
+        }
+        let mut start = vec![0usize; lines + 1];
+        for t in part {
+            start[t.1 .0 as usize + 1] += 1;
+        }
+        for q in 1..=lines {
+            start[q] += start[q - 1];
+        }
+        let mut list: Vec<Term<T>> = vec![(0, 0, T::ZERO); part.len()];
+        for t in part {
+            let at = &mut start[t.1 .0 as usize];
+            list[*at] = t.1;
+            *at += 1;
+        }
+        list
+    };
+    // The batch entries' parts: contiguous when the batch dims are outermost (the usual
+    // case), else gathered.
+    let mut parts: Vec<std::ops::Range<usize>> = vec![0..0; b];
+    let contiguous = located.windows(2).all(|w| w[0].0 <= w[1].0);
+    if contiguous {
+        let mut at = 0;
+        for (bb, part) in parts.iter_mut().enumerate() {
+            let end = at + located[at..].iter().take_while(|t| t.0 == bb).count();
+            *part = at..end;
+            at = end;
+        }
+        if parallel {
+            parts.into_par_iter().map(|r| group(&located[r])).collect()
+        } else {
+            parts.into_iter().map(|r| group(&located[r])).collect()
+        }
+    } else {
+        let mut split: Vec<Vec<(usize, Term<T>)>> = vec![Vec::new(); b];
+        for t in located {
+            split[t.0].push(t);
+        }
+        split.iter().map(|part| group(part)).collect()
+    }
+}
+
+/// Supports at least this long are located and sorted in parallel parts.
+const SUPPORT_PAR_MIN: usize = 4096;
+
+/// What the caller already knows of an operand's non-zeros (see [`Support`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Known<'a> {
+    /// Nothing: the product lists the non-zeros itself when a sparse path may pay.
+    Unknown,
+    /// More than a tenth non-zero.
+    Dense,
+    /// Exactly these non-zeros, with their values as `Values` says.
+    Sparse(&'a Support, Values),
+}
+
+/// Where an operand's values at its known non-zeros come from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Values {
+    /// The support's: it was found on this very buffer.
+    Scanned,
+    /// All one: the operand is `convert(x != 0)` of the buffer the support was found on.
+    Ones,
+    /// Read from the operand at each position.
+    Read,
 }
 
 /// Where each batch matrix of the result is written: `out[batch_off[b] + row(i) + col(j)]`,
@@ -346,6 +590,12 @@ impl DotPlan {
         2.0 * self.b as f64 * self.m as f64 * self.n as f64 * self.k as f64
     }
 
+    /// Whether an operand of `len` elements is worth listing for a sparse path: at least 16
+    /// flops per element, and a product not too small for a list to pay.
+    pub fn sparse_worth(&self, len: usize) -> bool {
+        self.flops() >= 16.0 * len as f64 && self.m * self.n * self.k >= 1 << 15
+    }
+
     /// Which operands `(lhs, rhs)` a dot that took `path` read through a permuted copy:
     /// only the dense GEMM copies an operand whose strides do not merge; the sparse paths
     /// read both in place through their offset tables.
@@ -407,6 +657,9 @@ pub trait GemmFloat:
 {
     const ZERO: Self;
     const ONE: Self;
+    /// Exactly, as f64 (and back: exact for a value that came from this type).
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
     /// Bit `t` set for each non-zero (NaN included) of the `run.len() <= 64` values.
     fn nonzero_bits64(run: &[Self]) -> u64 {
         fold_nonzero_bits(run)
@@ -459,6 +712,12 @@ fn scratch<T, R>(
 impl GemmFloat for f32 {
     const ZERO: f32 = 0.0;
     const ONE: f32 = 1.0;
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+    fn from_f64(v: f64) -> f32 {
+        v as f32
+    }
     /// AVX2 compares and movemasks where the CPU has them (a scalar fold compiles to one
     /// compare per value).
     fn nonzero_bits64(run: &[f32]) -> u64 {
@@ -475,6 +734,12 @@ impl GemmFloat for f32 {
 impl GemmFloat for f64 {
     const ZERO: f64 = 0.0;
     const ONE: f64 = 1.0;
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> f64 {
+        v
+    }
     fn with_scratch<R>(f: impl FnOnce(&mut Vec<f64>, &mut Vec<f64>) -> R) -> R {
         scratch(&SCRATCH_F64, f)
     }
@@ -1088,6 +1353,7 @@ fn dot_float<T: GemmFloat>(
     epi: Option<Epilogue<T>>,
     epi_in: &[usize],
     tail: &[(usize, usize); 2],
+    known: [Known; 2],
 ) -> DotPath {
     let (b, m, n, k) = (p.b, p.m, p.n, p.k);
     // Entries the GEMM loop did not hand to the epilogue get it afterwards, in parallel.
@@ -1106,22 +1372,23 @@ fn dot_float<T: GemmFloat>(
         after(out);
         return DotPath::Empty;
     }
-    let flops = p.flops();
-    let sparse_worth = |len: usize| flops >= 16.0 * len as f64 && m * n * k >= 1 << 15;
+    let sparse_worth = |len: usize| p.sparse_worth(len);
     // A sparse side costs a pass over the other operand's row (column) per non-zero: when
     // both sides are mostly zeros (an expert buffer with few tokens against a one-hot mask),
     // walk the one with fewer terms in all (4.4 ms against 0.14 ms on a training step's
     // dispatch gradient when the emptier expert buffer was walked).
-    let lt = if sparse_worth(l.len()) {
-        sparse_terms(l, &p.lhs.view, true)
-    } else {
-        None
+    let terms = |x: &[T], view: &View, lhs: bool, known: Known| match known {
+        _ if !sparse_worth(x.len()) => None,
+        Known::Unknown => sparse_terms(x, view, lhs),
+        Known::Dense => None,
+        // A support of another buffer's length (a caller's mistake) is not trusted.
+        Known::Sparse(sup, vals) if sup.fits(x.len()) => {
+            Some(terms_from_support(x, view, sup, vals, lhs))
+        }
+        Known::Sparse(..) => sparse_terms(x, view, lhs),
     };
-    let rt = if sparse_worth(r.len()) {
-        sparse_terms(r, &p.rhs.view, false)
-    } else {
-        None
-    };
+    let lt = terms(l, &p.lhs.view, true, known[0]);
+    let rt = terms(r, &p.rhs.view, false, known[1]);
     let count = |t: &Vec<Vec<Term<T>>>| t.iter().map(Vec::len).sum::<usize>();
     let (ln, rn) = (lt.as_ref().map(count), rt.as_ref().map(count));
     let rhs_first = match (ln, rn) {
@@ -1318,6 +1585,9 @@ pub fn dot(
 /// No spans to fetch after a batch (see [`dot_ahead`]).
 pub const NO_TAIL: [(usize, usize); 2] = [(0, 0); 2];
 
+/// Nothing known of either operand's non-zeros.
+const UNKNOWN: [Known<'static>; 2] = [Known::Unknown; 2];
+
 /// [`dot`], fetching `tail` (`(address, floats)` spans, see
 /// [`DotPlan::first_entry_spans`]: the operands of the dot that runs next) into cache while
 /// the last GEMM of the batch computes: the first expert of a batch otherwise finds its
@@ -1331,12 +1601,29 @@ pub fn dot_ahead(
     out: &mut Data,
     tail: &[(usize, usize); 2],
 ) -> DotPath {
+    dot_known(p, lhs_shape, lhs, rhs_shape, rhs, out, tail, UNKNOWN)
+}
+
+/// [`dot_ahead`] with what the caller knows of each operand's non-zeros (`[lhs, rhs]`; see
+/// [`Support`]): a float operand the product would list term by term is not scanned again
+/// when its support is known. The values computed are the same either way.
+#[allow(clippy::too_many_arguments)]
+pub fn dot_known(
+    p: &DotPlan,
+    lhs_shape: &[usize],
+    lhs: &Data,
+    rhs_shape: &[usize],
+    rhs: &Data,
+    out: &mut Data,
+    tail: &[(usize, usize); 2],
+    known: [Known; 2],
+) -> DotPath {
     match (lhs, rhs, out) {
         (Data::F32(l), Data::F32(r), Data::F32(o)) => {
-            dot_float(p, lhs_shape, l, rhs_shape, r, o, None, &[], tail)
+            dot_float(p, lhs_shape, l, rhs_shape, r, o, None, &[], tail, known)
         }
         (Data::F64(l), Data::F64(r), Data::F64(o)) => {
-            dot_float(p, lhs_shape, l, rhs_shape, r, o, None, &[], &NO_TAIL)
+            dot_float(p, lhs_shape, l, rhs_shape, r, o, None, &[], &NO_TAIL, known)
         }
         (Data::BF16(l), Data::BF16(r), Data::BF16(o)) => {
             let (l, r) = (widen(l), widen(r));
@@ -1351,6 +1638,7 @@ pub fn dot_ahead(
                 None,
                 &[],
                 &NO_TAIL,
+                known,
             );
             o.par_iter_mut()
                 .with_min_len(1 << 14)
@@ -1711,6 +1999,7 @@ pub fn dot_then(
         Some(epi),
         &spans,
         tail,
+        UNKNOWN,
     )
 }
 
@@ -1937,5 +2226,181 @@ mod tests {
             &mut out,
         );
         assert_eq!(path, DotPath::SparseLhs);
+    }
+
+    /// A one-hot-like `[4, 8, 6, 4]` tensor (a few values per row of its last two dims,
+    /// `-0` and NaN among them), from a seed.
+    fn one_hot_like(seed: u64) -> Vec<f32> {
+        let mut st = seed | 1;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        let mut x = vec![0.0f32; 4 * 8 * 6 * 4];
+        for row in 0..32 {
+            for _ in 0..2 {
+                let at = row * 24 + (next() % 24) as usize;
+                x[at] = match next() % 16 {
+                    0 => -0.0,
+                    1 => f32::NAN,
+                    r => r as f32 * 0.37 - 2.0,
+                };
+            }
+        }
+        x
+    }
+
+    /// A support's terms equal the scan's, line by line, in every reading of the operand:
+    /// batch dim outermost or not, rows and columns in or out of memory order (steps whose
+    /// offsets do not increase take the sort), with the values scanned, read or all one.
+    #[test]
+    fn terms_from_a_support_are_the_scans() {
+        let shape = [4usize, 8, 6, 4];
+        // (batch, rows, cols) dims.
+        let readings: [(&[usize], &[usize], &[usize]); 5] = [
+            (&[0], &[1], &[2, 3]),
+            (&[0], &[2, 3], &[1]),
+            (&[2], &[0, 1], &[3]),
+            (&[], &[3, 1], &[2, 0]),
+            (&[1, 0], &[3], &[2]),
+        ];
+        // Each line's terms in step order; lines in increasing order.
+        let by_line = |lists: Vec<Vec<Term<f32>>>| -> Vec<Vec<(u32, u32, u32)>> {
+            lists
+                .into_iter()
+                .map(|l| {
+                    let mut l: Vec<(u32, u32, u32)> =
+                        l.into_iter().map(|(q, k, v)| (q, k, v.to_bits())).collect();
+                    l.sort_by_key(|t| t.0);
+                    l
+                })
+                .collect()
+        };
+        for seed in 1..6 {
+            let x = one_hot_like(seed);
+            let sup = Support::of(&x).expect("a sparse tensor");
+            assert_eq!(
+                sup.len(),
+                x.iter().filter(|v| **v != 0.0 || v.is_nan()).count()
+            );
+            let ones: Vec<f32> = x.iter().map(|&v| f32::from(u8::from(v != 0.0))).collect();
+            for (batch, rows, cols) in readings {
+                let view = View::new(&shape, batch, rows, cols);
+                for lhs in [true, false] {
+                    let scan = by_line(sparse_terms(&x, &view, lhs).expect("sparse"));
+                    for vals in [Values::Scanned, Values::Read] {
+                        let known = by_line(terms_from_support(&x, &view, &sup, vals, lhs));
+                        assert_eq!(known, scan, "{batch:?} {rows:?} {cols:?} lhs {lhs}");
+                    }
+                    let scan = by_line(sparse_terms(&ones, &view, lhs).expect("sparse"));
+                    let known = by_line(terms_from_support(&ones, &view, &sup, Values::Ones, lhs));
+                    assert_eq!(known, scan, "ones: {batch:?} {rows:?} {cols:?} lhs {lhs}");
+                }
+            }
+        }
+        // A dense tensor has no support; a long one is located in parallel parts.
+        assert!(Support::of(&vec![1.0f32; 8192]).is_none());
+        let long: Vec<f32> = (0..1 << 17)
+            .map(|i| f32::from(u8::from(i % 13 == 0)))
+            .collect();
+        let sup = Support::of(&long).expect("sparse");
+        assert!(sup.len() >= SUPPORT_PAR_MIN);
+        let view = View::new(&[32, 64, 64], &[0], &[1], &[2]);
+        for lhs in [true, false] {
+            let scan = by_line(sparse_terms(&long, &view, lhs).expect("sparse"));
+            let known = by_line(terms_from_support(&long, &view, &sup, Values::Scanned, lhs));
+            assert_eq!(known, scan, "long, lhs {lhs}");
+        }
+    }
+
+    /// A product given its operands' supports gives the bits of one that scans them: the
+    /// MoE one-hot products (dispatch, combine, their gradients), both sides known.
+    #[test]
+    fn products_with_known_supports_give_the_scans_bits() {
+        let (g, s, e, c, m) = (2usize, 64, 8, 4, 64);
+        let mut st = 99u64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        let mut comb = vec![0.0f32; g * s * e * c];
+        for row in 0..g * s {
+            for _ in 0..2 {
+                comb[row * e * c + (next() % (e * c) as u64) as usize] =
+                    (next() % 1000) as f32 / 999.0;
+            }
+        }
+        let mut dense = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let dd = |lb: Vec<usize>, rb: Vec<usize>, lc: Vec<usize>, rc: Vec<usize>| DotDims {
+            lhs_batch: lb,
+            rhs_batch: rb,
+            lhs_contract: lc,
+            rhs_contract: rc,
+        };
+        let gsec = vec![g, s, e, c];
+        let cases: Vec<(Vec<usize>, Vec<usize>, DotDims, bool)> = vec![
+            // dispatch GSEC,GSM->GECM; combine GSEC,EGCM->GSM (sparse lhs)
+            (
+                gsec.clone(),
+                vec![g, s, m],
+                dd(vec![0], vec![0], vec![1], vec![1]),
+                true,
+            ),
+            (
+                gsec.clone(),
+                vec![e, g, c, m],
+                dd(vec![0], vec![1], vec![2, 3], vec![0, 2]),
+                true,
+            ),
+            // their gradients (sparse rhs)
+            (
+                vec![g, e, c, m],
+                gsec.clone(),
+                dd(vec![0], vec![0], vec![1, 2], vec![2, 3]),
+                false,
+            ),
+            (
+                vec![g, s, m],
+                gsec.clone(),
+                dd(vec![0], vec![0], vec![1], vec![1]),
+                false,
+            ),
+        ];
+        let sup = Support::of(&comb).expect("sparse");
+        for (ls, rs, dims, lhs_sparse) in cases {
+            let plan = DotPlan::new(&ls, &rs, &dims);
+            let (l, r) = if lhs_sparse {
+                (comb.clone(), dense(rs.iter().product()))
+            } else {
+                (dense(ls.iter().product()), comb.clone())
+            };
+            let n: usize = plan.b * plan.m * plan.n;
+            let run = |known: [Known; 2]| {
+                let mut out = Data::F32(vec![f32::NAN; n]);
+                let (ld, rd) = (Data::F32(l.clone()), Data::F32(r.clone()));
+                let path = dot_known(&plan, &ls, &ld, &rs, &rd, &mut out, &NO_TAIL, known);
+                let Data::F32(o) = out else { unreachable!() };
+                (path, o.iter().map(|v| v.to_bits()).collect::<Vec<u32>>())
+            };
+            let (want_path, want) = run(UNKNOWN);
+            let k = Known::Sparse(&sup, Values::Scanned);
+            let known = if lhs_sparse {
+                [k, Known::Dense]
+            } else {
+                [Known::Dense, k]
+            };
+            let (path, got) = run(known);
+            assert_ne!(want_path, DotPath::Dense, "{dims:?}");
+            assert_eq!(path, want_path, "{dims:?}");
+            assert!(got == want, "{dims:?}: other bits with the support known");
+        }
     }
 }
