@@ -131,6 +131,16 @@ fn batched(lc: usize, rc: usize) -> DotDims {
     }
 }
 
+/// Dot dims from the batch and contracting dims of each side.
+fn dd(lb: Vec<usize>, rb: Vec<usize>, lc: Vec<usize>, rc: Vec<usize>) -> DotDims {
+    DotDims {
+        lhs_batch: lb,
+        rhs_batch: rb,
+        lhs_contract: lc,
+        rhs_contract: rc,
+    }
+}
+
 fn same(a: f64, b: f64) -> bool {
     (a.is_nan() && b.is_nan()) || (a == b && a.is_sign_negative() == b.is_sign_negative())
 }
@@ -700,12 +710,6 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
     let x = b.param("x", Type::new(DType::F32, vec![g, s, m]));
     let eo = b.param("eo", Type::new(DType::F32, vec![e, g, c, m]));
     let dy = b.param("dy", Type::new(DType::F32, vec![g, s, m]));
-    let dd = |lb: Vec<usize>, rb: Vec<usize>, lc: Vec<usize>, rc: Vec<usize>| DotDims {
-        lhs_batch: lb,
-        rhs_batch: rb,
-        lhs_contract: lc,
-        rhs_contract: rc,
-    };
     let dispatch = b.emit(
         Op::DotGeneral(dd(vec![0], vec![0], vec![1], vec![1])),
         &[&comb_v, &x],
@@ -884,12 +888,6 @@ fn a_mask_of_the_combine_weights_shares_their_support() {
     );
     let ne = b.emit(Op::Compare(CompareOp::Ne), &[&comb_v, &zero], None);
     let mask = b.emit(Op::Convert, &[&ne], Some(gsec.clone()));
-    let dd = |lb: Vec<usize>, rb: Vec<usize>, lc: Vec<usize>, rc: Vec<usize>| DotDims {
-        lhs_batch: lb,
-        rhs_batch: rb,
-        lhs_contract: lc,
-        rhs_contract: rc,
-    };
     let dispatch = b.emit(
         Op::DotGeneral(dd(vec![0], vec![0], vec![1], vec![1])),
         &[&mask, &x],
