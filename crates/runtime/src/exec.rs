@@ -39,7 +39,9 @@
 //!   with a key finds its support (one pass, over `x` itself while it is live, keeping its
 //!   values), and every later product with that key lists its terms from it
 //!   ([`kernels::dot::Support`]): the MoE layer's mask and combine weights are scanned once
-//!   for the dispatch, the combine and both their gradients.
+//!   for the dispatch, the combine and both their gradients. The masks of summed masked
+//!   dots get theirs as soon as they are computed, while in cache, and the masked dot
+//!   walks it in the backward pass instead of scanning the cold masks.
 //! - *Liveness*: each buffer (a value and its aliases) is released after the last step
 //!   that reads it; outputs are kept.
 //! - *Rounds*: small collectives (scalar losses, norms) wait to run in the round of the
@@ -264,6 +266,9 @@ pub struct Executable {
     /// (its own class, or that of `x` for a group `convert(x != 0)`): the key of the
     /// supports a run shares between sparse products ([`kernels::dot::Support`]).
     support_of: Vec<usize>,
+    /// Values whose support is found as soon as they are computed, while in cache: the
+    /// masks of summed masked dots, which read them much later (the backward pass).
+    eager_support: Vec<bool>,
     pools: Mutex<Vec<Pool>>,
     /// Run kernels with the reference interpreter (a debugging / differential mode).
     reference_kernels: bool,
@@ -1383,6 +1388,14 @@ impl Executable {
             }
         }
         let support_of = same_supports(p, &steps, &class);
+        let mut eager_support = vec![false; n];
+        for s in &steps {
+            if let Kind::MaskedDotSums { terms, .. } = &s.kind {
+                for &(mask, _) in terms {
+                    eager_support[mask] = f32_value(p, mask);
+                }
+            }
+        }
         let mut segments = Vec::new();
         let mut start = 0;
         for (si, s) in steps.iter().enumerate() {
@@ -1449,6 +1462,7 @@ impl Executable {
             members,
             last_read,
             support_of,
+            eager_support,
             pools: Mutex::new(Vec::new()),
             reference_kernels,
         })
@@ -2302,7 +2316,15 @@ impl Dev<'_> {
                         _ => unreachable!("masked dot sums are f32"),
                     })
                     .collect();
-                match dot_masked_sums(plan, lv, rv, &masks, &mut sums) {
+                // The masks' supports, where found on these very buffers.
+                let sups: Vec<Option<&Support>> = terms
+                    .iter()
+                    .map(|&(v, _)| match self.supports.get(&exe.support_of[v]) {
+                        Some((Some(sup), scanned)) if *scanned == exe.class[v] => Some(sup),
+                        _ => None,
+                    })
+                    .collect();
+                match dot_masked_sums(plan, lv, rv, &masks, &sups, &mut sums) {
                     Some(c) => {
                         (flops, detail) = masked_detail(plan, c);
                         detail.push_str(", summed");
@@ -2438,6 +2460,17 @@ impl Dev<'_> {
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }
             Kind::Collective { .. } => unreachable!("collectives run between segments"),
+        }
+        for v in std::iter::once(s.instr).chain(s.also) {
+            if exe.eager_support[v] {
+                let key = exe.support_of[v];
+                if !self.supports.contains_key(&key) {
+                    if let Some(Data::F32(x)) = self.vals[v].as_ref().map(Buf::data) {
+                        let sup = Support::of(x);
+                        self.supports.insert(key, (sup, exe.class[v]));
+                    }
+                }
+            }
         }
         if let (Some(p), Some(t0)) = (self.profiler, t0) {
             let t1 = p.now_us();

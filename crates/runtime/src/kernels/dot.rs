@@ -161,6 +161,8 @@ pub struct Support {
     pos: Vec<u32>,
     /// The scanned buffer's value at each position.
     vals: Vec<f64>,
+    /// The scanned buffer's length.
+    of_len: usize,
 }
 
 impl Support {
@@ -194,7 +196,7 @@ impl Support {
             }
             (pos, vals)
         };
-        let parts: Vec<(Vec<u32>, Vec<f64>)> = if x.len() >= super::PAR_MIN {
+        let parts: Vec<(Vec<u32>, Vec<f64>)> = if x.len() >= SUPPORT_PAR_LEN {
             x.par_chunks(SUPPORT_CHUNK).enumerate().map(chunk).collect()
         } else {
             x.chunks(SUPPORT_CHUNK).enumerate().map(chunk).collect()
@@ -204,13 +206,14 @@ impl Support {
             Support {
                 pos: pos.concat(),
                 vals: vals.concat(),
+                of_len: x.len(),
             }
         })
     }
 
-    /// Whether every position lies in a buffer of `len` elements.
+    /// Whether it was found on a buffer of `len` elements.
     fn fits(&self, len: usize) -> bool {
-        self.pos.last().is_none_or(|&p| (p as usize) < len)
+        self.of_len == len
     }
 
     /// How many non-zeros.
@@ -226,6 +229,11 @@ impl Support {
 
 /// Elements per part of [`Support::of`]'s pass (a multiple of 64: whole bit-mask blocks).
 const SUPPORT_CHUNK: usize = 1 << 14;
+
+/// Buffers at least this long are scanned in parallel parts by [`Support::of`] (a 64K-float
+/// mask takes ~5 us on one thread; split, a device task could wait for a part taken by a
+/// thread busy with another device's kernel).
+const SUPPORT_PAR_LEN: usize = 1 << 20;
 
 /// [`sparse_terms`]'s lists from a known support of `x` (read through `view`; an lhs when
 /// `lhs`): each batch entry's terms grouped by line, each line's in increasing step (the
@@ -1736,16 +1744,36 @@ pub fn dot_masked(
 /// check as [`dot_masked`]), which an f64 sum starting at `+0` does not see. The plan must
 /// write the untransposed result. Returns how many values were computed, or `None`
 /// (not applicable; the caller computes the dense product and [`masked_row_sums`]).
+/// `sups[t]`, where given, is mask `t`'s support: its rows' non-zeros are read from it, in
+/// the same order, instead of scanning the mask (trusted only when found on a buffer of the
+/// mask's length and the result is plain row-major).
 pub fn dot_masked_sums(
     p: &DotPlan,
     l: &[f32],
     r: &[f32],
     masks: &[&[f32]],
+    sups: &[Option<&Support>],
     sums: &mut [&mut [f32]],
 ) -> Option<usize> {
     let (b, m, n) = (p.b, p.m, p.n);
     assert!(!p.transposed, "row sums need the untransposed result");
     assert_eq!(masks.len(), sums.len());
+    assert_eq!(masks.len(), sups.len());
+    let plain = p.out.row_off.is_none()
+        && p.out.col_off.is_none()
+        && p.out.cs == 1
+        && p.out.rs == n
+        && p.out
+            .batch_off
+            .iter()
+            .enumerate()
+            .all(|(bb, &o)| o == bb * m * n);
+    // A mask's support stands for its scan only over a plain result of its length.
+    let sups: Vec<Option<&Support>> = sups
+        .iter()
+        .zip(masks)
+        .map(|(s, x)| s.filter(|s| plain && s.fits(x.len())))
+        .collect();
     if !masked_applies(p, l, r, masks, b * m * n) || sums.iter().any(|s| s.len() != b * m) {
         return None;
     }
@@ -1759,15 +1787,31 @@ pub fn dot_masked_sums(
         #[inline(always)]
         |bb, value, tick| {
             let mut part = vec![0.0f32; masks.len() * m];
+            // Each support's next position (its first in this entry).
+            let mut next: Vec<usize> = sups
+                .iter()
+                .map(|s| s.map_or(0, |s| s.pos.partition_point(|&q| (q as usize) < bb * m * n)))
+                .collect();
             for i in 0..m {
                 let o0 = bb * m * n + i * n;
                 let mut computed = 0;
                 for (t, x) in masks.iter().enumerate() {
                     let mut acc = 0.0f64;
-                    for_nonzero(&x[o0..o0 + n], |j, w| {
-                        computed += 1;
-                        acc += (value(i, j) * w) as f64;
-                    });
+                    if let Some(sup) = sups[t] {
+                        // The row's non-zeros from the support, in increasing column.
+                        let at = &mut next[t];
+                        while *at < sup.pos.len() && (sup.pos[*at] as usize) < o0 + n {
+                            let (j, w) = (sup.pos[*at] as usize - o0, sup.vals[*at] as f32);
+                            computed += 1;
+                            acc += (value(i, j) * w) as f64;
+                            *at += 1;
+                        }
+                    } else {
+                        for_nonzero(&x[o0..o0 + n], |j, w| {
+                            computed += 1;
+                            acc += (value(i, j) * w) as f64;
+                        });
+                    }
                     part[t * m + i] = acc as f32;
                 }
                 if !tick(computed) {
@@ -2402,5 +2446,65 @@ mod tests {
             assert_eq!(path, want_path, "{dims:?}");
             assert!(got == want, "{dims:?}: other bits with the support known");
         }
+    }
+
+    /// Masked dot sums that walk the masks' supports give the bits of the walk over the
+    /// masks (one support known, the other scanned; NaN and `-0` in a mask; rows without
+    /// non-zeros), and a support of the wrong length is not trusted.
+    #[test]
+    fn masked_sums_from_supports_give_the_scans_bits() {
+        let (b, m, n, k) = (4usize, 64, 32, 48);
+        let mut st = 3u64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        let mut unit = move || (next() % 2_000_001) as f32 / 1_000_000.0 - 1.0;
+        let l: Vec<f32> = (0..b * m * k).map(|_| unit()).collect();
+        let r: Vec<f32> = (0..b * k * n).map(|_| unit()).collect();
+        let mut masks = vec![vec![0.0f32; b * m * n]; 2];
+        for (t, mask) in masks.iter_mut().enumerate() {
+            for row in (0..b * m).filter(|row| row % 7 != t) {
+                let at = row * n + ((unit() + 1.0) * 15.9) as usize;
+                mask[at] = unit();
+            }
+        }
+        masks[0][5 * n + 3] = f32::NAN;
+        masks[1][9 * n + 1] = -0.0;
+        let plan = DotPlan::new(
+            &[b, m, k],
+            &[b, k, n],
+            &DotDims {
+                lhs_batch: vec![0],
+                rhs_batch: vec![0],
+                lhs_contract: vec![2],
+                rhs_contract: vec![1],
+            },
+        );
+        let views: Vec<&[f32]> = masks.iter().map(Vec::as_slice).collect();
+        let run = |sups: &[Option<&Support>]| {
+            let mut outs = vec![vec![0.0f32; b * m]; 2];
+            let mut sums: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+            let c = dot_masked_sums(&plan, &l, &r, &views, sups, &mut sums).expect("applies");
+            let bits: Vec<Vec<u32>> = outs
+                .iter()
+                .map(|o| o.iter().map(|v| v.to_bits()).collect())
+                .collect();
+            (c, bits)
+        };
+        let want = run(&[None, None]);
+        let sup0 = Support::of(&masks[0]).expect("sparse");
+        let sup1 = Support::of(&masks[1]).expect("sparse");
+        assert_eq!(run(&[Some(&sup0), None]), want);
+        assert_eq!(run(&[Some(&sup0), Some(&sup1)]), want);
+        assert_ne!(
+            want.1[0],
+            run(&[Some(&sup1), None]).1[0],
+            "the support is walked"
+        );
+        let short = Support::of(&masks[0][..b * m * n / 2]).expect("sparse");
+        assert_eq!(run(&[Some(&short), None]), want);
     }
 }
