@@ -1746,7 +1746,7 @@ pub fn dot_masked(
 /// (not applicable; the caller computes the dense product and [`masked_row_sums`]).
 /// `sups[t]`, where given, is mask `t`'s support: its rows' non-zeros are read from it, in
 /// the same order, instead of scanning the mask (trusted only when found on a buffer of the
-/// mask's length and the result is plain row-major).
+/// mask's length).
 pub fn dot_masked_sums(
     p: &DotPlan,
     l: &[f32],
@@ -1759,20 +1759,12 @@ pub fn dot_masked_sums(
     assert!(!p.transposed, "row sums need the untransposed result");
     assert_eq!(masks.len(), sums.len());
     assert_eq!(masks.len(), sups.len());
-    let plain = p.out.row_off.is_none()
-        && p.out.col_off.is_none()
-        && p.out.cs == 1
-        && p.out.rs == n
-        && p.out
-            .batch_off
-            .iter()
-            .enumerate()
-            .all(|(bb, &o)| o == bb * m * n);
-    // A mask's support stands for its scan only over a plain result of its length.
+    // A mask's support stands for its scan only when found on a buffer of its length (the
+    // untransposed result is row-major `[b, m, n]`, as the masks are read).
     let sups: Vec<Option<&Support>> = sups
         .iter()
         .zip(masks)
-        .map(|(s, x)| s.filter(|s| plain && s.fits(x.len())))
+        .map(|(s, x)| s.filter(|s| s.fits(x.len())))
         .collect();
     if !masked_applies(p, l, r, masks, b * m * n) || sums.iter().any(|s| s.len() != b * m) {
         return None;
