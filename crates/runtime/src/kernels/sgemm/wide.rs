@@ -151,16 +151,8 @@ unsafe fn kernel<const R: usize, const P: usize>(
             prefetch_c::<P>(&c[..R], cs);
         }
         let mut acc: Acc<R, P> = [[_mm512_setzero_ps(); P]; R];
-        let mut bp = b;
-        for p in 0..kc {
-            if p < pf.1 {
-                _mm_prefetch::<_MM_HINT_T1>((pf.0 + p * 64) as *const i8);
-            }
-            if spread_c && p < R * P {
-                // Prefetches never fault.
-                let line = c[p / P].wrapping_add((p % P) * NR);
-                _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
-            }
+        let step = |acc: &mut Acc<R, P>, p: usize| {
+            let bp = b.add(p * NR);
             let mut bv = [_mm512_setzero_ps(); P];
             for (q, y) in bv.iter_mut().enumerate() {
                 *y = _mm512_loadu_ps(bp.add(q * ps));
@@ -171,7 +163,23 @@ unsafe fn kernel<const R: usize, const P: usize>(
                     *x = _mm512_fmadd_ps(ai, y, *x);
                 }
             }
-            bp = bp.add(NR);
+        };
+        // The steps that also issue a fetch, then the plain ones (a loop free of the
+        // fetches' tests and address arithmetic).
+        let fetching = kc.min(pf.1.max(if spread_c { R * P } else { 0 }));
+        for p in 0..fetching {
+            if p < pf.1 {
+                _mm_prefetch::<_MM_HINT_T1>((pf.0 + p * 64) as *const i8);
+            }
+            if spread_c && p < R * P {
+                // Prefetches never fault.
+                let line = c[p / P].wrapping_add((p % P) * NR);
+                _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+            }
+            step(&mut acc, p);
+        }
+        for p in fetching..kc {
+            step(&mut acc, p);
         }
         for q in kc..pf.1 {
             _mm_prefetch::<_MM_HINT_T1>((pf.0 + q * 64) as *const i8);
