@@ -42,6 +42,11 @@
 //!   for the dispatch, the combine and both their gradients. The masks of summed masked
 //!   dots get theirs as soon as they are computed, while in cache, and the masked dot
 //!   walks it in the backward pass instead of scanning the cold masks.
+//! - *Indicator reads*: a group `convert(x != 0)` read only by plain dots is not computed;
+//!   the dots read `x` as an indicator ([`indicator_dots`], `DotPlan::read_indicator`):
+//!   their sparse walk over that side takes `x`'s non-zeros (its shared support) with the
+//!   value 1, and any other path multiplies a 0/1 copy. The MoE dispatch mask is neither
+//!   written nor kept alive from the forward pass to the backward.
 //! - *Liveness*: each buffer (a value and its aliases) is released after the last step
 //!   that reads it; outputs are kept.
 //! - *Rounds*: small collectives (scalar losses, norms) wait to run in the round of the
@@ -869,24 +874,77 @@ fn same_supports(p: &Program, steps: &[Step], class: &[usize]) -> Vec<usize> {
         let [x] = inputs[..] else {
             continue;
         };
-        let float = |t: DType| matches!(t, DType::F32 | DType::F64);
-        let zero = |n: usize| matches!(f.nodes.get(n), Some((Node::Splat(z), _)) if *z == 0.0);
-        let input = |n: usize| matches!(f.nodes.get(n), Some((Node::Input(0), _)));
-        let indicator = match f.nodes.last() {
-            Some(&(Node::Convert(c), t)) if float(t) => matches!(
-                f.nodes.get(c),
-                Some(&(Node::Compare(ir::CompareOp::Ne, a, b), _))
-                    if (input(a) && zero(b)) || (zero(a) && input(b))
-            ),
-            _ => false,
-        };
-        let (tx, ty) = (&p.instrs[x].ty, &p.instrs[s.instr].ty);
-        if indicator && float(tx.dtype) && tx.shape == ty.shape {
+        if is_indicator(p, f, x, s.instr) {
             key[class[s.instr]] = key[class[x]];
         }
     }
     // A class's members share its key.
     (0..class.len()).map(|v| key[class[v]]).collect()
+}
+
+/// Whether fused group `f` (one input, `x`, to value `v`) computes exactly the indicator
+/// `convert(x != 0)` (or `0 != x`) to a float of `x`'s shape: `1` where `x` is non-zero
+/// (NaN included: it compares unequal to zero), `0` where it is `±0`.
+fn is_indicator(p: &Program, f: &Fused, x: usize, v: usize) -> bool {
+    let float = |t: DType| matches!(t, DType::F32 | DType::F64);
+    let zero = |n: usize| matches!(f.nodes.get(n), Some((Node::Splat(z), _)) if *z == 0.0);
+    let input = |n: usize| matches!(f.nodes.get(n), Some((Node::Input(0), _)));
+    let indicator = match f.nodes.last() {
+        Some(&(Node::Convert(c), t)) if float(t) => matches!(
+            f.nodes.get(c),
+            Some(&(Node::Compare(ir::CompareOp::Ne, a, b), _))
+                if (input(a) && zero(b)) || (zero(a) && input(b))
+        ),
+        _ => false,
+    };
+    let (tx, ty) = (&p.instrs[x].ty, &p.instrs[v].ty);
+    indicator && float(tx.dtype) && tx.shape == ty.shape
+}
+
+/// Drop each indicator group `v = convert(x != 0)` (f32 or f64, `x` of its dtype) whose
+/// every reader is a plain dot: the dots read `x` in its place, as an indicator
+/// ([`DotPlan::read_indicator`]). A sparse path over that side walks `x`'s non-zeros (the
+/// support shared with `x`'s other readers) with the value 1; another path multiplies a
+/// 0/1 copy. The MoE dispatch mask: the dispatch and its gradient read the combine weights
+/// instead, and the mask is neither computed nor written (256 KiB per device and step in
+/// the small benchmark layer), nor kept alive until the backward pass.
+fn indicator_dots(p: &Program, steps: &mut Vec<Step>) {
+    let (_, readers) = producers_and_readers(steps);
+    let mut gone = vec![false; steps.len()];
+    for si in 0..steps.len() {
+        let s = &steps[si];
+        let Kind::Fused { f, inputs, .. } = &s.kind else {
+            continue;
+        };
+        let [x] = inputs[..] else {
+            continue;
+        };
+        let v = s.instr;
+        let same_type = p.instrs[x].ty.dtype == p.instrs[v].ty.dtype;
+        if s.also.is_some() || is_output(p, v) || !same_type || !is_indicator(p, f, x, v) {
+            continue;
+        }
+        let Some(rs) = readers.get(&v) else {
+            continue;
+        };
+        if !rs.iter().all(|&r| matches!(steps[r].kind, Kind::Dot(_))) {
+            continue;
+        }
+        for &r in rs {
+            let st = &mut steps[r];
+            let Kind::Dot(plan) = &mut st.kind else {
+                unreachable!("checked above")
+            };
+            for side in 0..2 {
+                if st.reads[side] == v {
+                    st.reads[side] = x;
+                    plan.read_indicator(side);
+                }
+            }
+        }
+        gone[si] = true;
+    }
+    remove_marked(steps, &gone);
 }
 
 /// Merge each f32 dot with an f32 elementwise group that reads it into one
@@ -1341,6 +1399,7 @@ impl Executable {
             sum_masked_dots(p, &mut steps);
             fuse_dot_epilogues(p, &mut steps);
             sum_products(p, &mut steps);
+            indicator_dots(p, &mut steps);
         }
         let mut steps = coalesce_collectives(p, steps);
         // A dot whose result is a program output that no step reads (a weight's gradient)
@@ -1503,6 +1562,18 @@ impl Executable {
         (0..self.class.len())
             .filter(|&v| self.support_of[v] != self.class[v])
             .count()
+    }
+
+    /// Number of dot operands read as indicators, `convert(x != 0)` computed by no step
+    /// ([`DotPlan::read_indicator`]).
+    pub fn indicator_reads(&self) -> usize {
+        self.steps
+            .iter()
+            .map(|s| match &s.kind {
+                Kind::Dot(plan) => plan.indicators().iter().filter(|&&b| b).count(),
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Number of fused groups and of instructions folded into them.

@@ -856,21 +856,39 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
 
 /// The MoE layer's one-hot products as the layer writes them: the dispatch reads the mask
 /// `convert(combine != 0)`, the combine and its gradient the combine weights, the
-/// dispatch's gradient the mask. The mask is found to share the weights' support (one
-/// pass over them for all four products), and every product equals the reference, with
-/// `-0` and NaN among the weights (NaN is a non-zero of both; `-0` of neither).
+/// dispatch's gradient the mask. Every product equals the reference, with `-0` and NaN
+/// among the weights (NaN is a non-zero of both; `-0` of neither), in three settings:
+/// - the mask read by the two dots alone: it is never computed, both dots read the
+///   weights as an indicator, on their sparse paths;
+/// - the mask an output too: it is computed, and found to share the weights' support (one
+///   pass over them for all four products);
+/// - the weights dense (every slot taken): the dots read a 0/1 copy on the dense path.
 #[test]
-fn a_mask_of_the_combine_weights_shares_their_support() {
+fn a_mask_of_the_combine_weights_is_read_through_their_support() {
+    for (mask_out, per_row) in [(false, 2), (true, 2), (false, 0)] {
+        one_hot_products(mask_out, per_row);
+    }
+}
+
+/// [`a_mask_of_the_combine_weights_is_read_through_their_support`]: `per_row` non-zero
+/// weights per token (0: all of them), the mask an output with `mask_out`.
+fn one_hot_products(mask_out: bool, per_row: usize) {
     let (g, s, e, c, m) = (2usize, 64, 8, 4, 32);
     let mut rng = Rng(5);
     let mut comb = vec![0.0; g * s * e * c];
+    let weight = |rng: &mut Rng| match rng.below(40) {
+        0 => -0.0,
+        1 => f64::NAN,
+        _ => rng.unit(),
+    };
     for row in 0..g * s {
-        for _ in 0..2 {
-            comb[row * e * c + rng.below(e * c)] = match rng.below(40) {
-                0 => -0.0,
-                1 => f64::NAN,
-                _ => rng.unit(),
-            };
+        if per_row == 0 {
+            for slot in 0..e * c {
+                comb[row * e * c + slot] = weight(&mut rng);
+            }
+        }
+        for _ in 0..per_row {
+            comb[row * e * c + rng.below(e * c)] = weight(&mut rng);
         }
     }
     let gsec = Type::new(DType::F32, vec![g, s, e, c]);
@@ -912,12 +930,24 @@ fn a_mask_of_the_combine_weights_shares_their_support() {
     b.output("combine", &combine);
     b.output("comb_grad", &comb_grad);
     b.output("dispatch_grad", &dispatch_grad);
+    let mut names = vec!["dispatch", "combine", "comb_grad", "dispatch_grad"];
+    if mask_out {
+        b.output("mask", &mask);
+        names.push("mask");
+    }
     let p = b.finish();
     let exe = Executable::new(&p).unwrap();
+    let (shared, indicators) = if mask_out { (1, 0) } else { (0, 2) };
+    let case = format!("mask output {mask_out}, {per_row} per row");
     assert_eq!(
         exe.shared_supports(),
-        1,
-        "the mask shares the weights' support"
+        shared,
+        "{case}: the mask shares the weights' support"
+    );
+    assert_eq!(
+        exe.indicator_reads(),
+        indicators,
+        "{case}: dots read the weights as the mask"
     );
     let mut ins: HashMap<String, HostTensor> = HashMap::new();
     ins.insert("combine".into(), HostTensor::from_f64_values(gsec, &comb));
@@ -930,7 +960,7 @@ fn a_mask_of_the_combine_weights_shares_their_support() {
     }
     let want = runtime::run(&p, &ins).unwrap();
     let (got, prof) = run_profiled(&p, &ins);
-    for name in ["dispatch", "combine", "comb_grad", "dispatch_grad"] {
+    for name in names {
         let w = &want[name];
         let scale = w
             .to_f64_vec()
@@ -938,7 +968,14 @@ fn a_mask_of_the_combine_weights_shares_their_support() {
             .filter(|v| v.is_finite())
             .fold(0.0f64, |a, v| a.max(v.abs()));
         let bound = HostTensor::from_f64(w.shape().to_vec(), vec![scale * 4.0; w.num_elements()]);
-        assert_bounded(name, &got[name], w, &bound, 1e-6, 1e-6);
+        assert_bounded(
+            &format!("{case}: {name}"),
+            &got[name],
+            w,
+            &bound,
+            1e-6,
+            1e-6,
+        );
     }
     let paths: Vec<String> = prof
         .events()
@@ -946,8 +983,13 @@ fn a_mask_of_the_combine_weights_shares_their_support() {
         .filter(|e| e.cat == "dot")
         .map(|e| e.detail)
         .collect();
-    assert_eq!(paths.len(), 4, "{paths:?}");
-    assert!(paths.iter().all(|d| d.starts_with("Sparse")), "{paths:?}");
+    assert_eq!(paths.len(), 4, "{case}: {paths:?}");
+    let sparse = paths.iter().filter(|d| d.starts_with("Sparse")).count();
+    assert_eq!(
+        sparse,
+        if per_row == 0 { 0 } else { 4 },
+        "{case}: {paths:?}"
+    );
 }
 
 /// The in-process backend through `Communicator::collective` alone: other methods keep

@@ -411,6 +411,9 @@ pub struct DotPlan {
     /// The result is written with non-temporal stores where the kernel can
     /// ([`DotPlan::stream_output`]).
     stream_out: bool,
+    /// `indicator[0]` (`[1]`): the lhs (rhs) operand given is `x`, and the product reads
+    /// `convert(x != 0)` in its place ([`DotPlan::read_indicator`]).
+    indicator: [bool; 2],
 }
 
 /// The single stride of `dims` read row-major, if they merge (size-1 dims ignored).
@@ -544,7 +547,23 @@ impl DotPlan {
             },
             transposed: false,
             stream_out: false,
+            indicator: [false; 2],
         }
+    }
+
+    /// Read the operand of side `side` (0: lhs, 1: rhs) as its indicator: the caller passes
+    /// `x`, the product multiplies `convert(x != 0)` (`1` where `x` is non-zero or NaN, `0`
+    /// where it is `±0`). A sparse path over that side takes its non-zeros with the value
+    /// `1` and reads nothing more; any other path multiplies a 0/1 copy. This is the MoE
+    /// dispatch mask, `convert(combine != 0)`, read by the dispatch and its gradient:
+    /// neither writes nor reads a mask of its own.
+    pub fn read_indicator(&mut self, side: usize) {
+        self.indicator[side] = true;
+    }
+
+    /// Which operands are read as indicators ([`DotPlan::read_indicator`]).
+    pub fn indicators(&self) -> [bool; 2] {
+        self.indicator
     }
 
     /// Write the result with non-temporal stores where the dense micro-kernel can (whole
@@ -1385,15 +1404,31 @@ fn dot_float<T: GemmFloat>(
     // both sides are mostly zeros (an expert buffer with few tokens against a one-hot mask),
     // walk the one with fewer terms in all (4.4 ms against 0.14 ms on a training step's
     // dispatch gradient when the emptier expert buffer was walked).
-    let terms = |x: &[T], view: &View, lhs: bool, known: Known| match known {
-        _ if !sparse_worth(x.len()) => None,
-        Known::Unknown => sparse_terms(x, view, lhs),
-        Known::Dense => None,
-        // A support of another buffer's length (a caller's mistake) is not trusted.
-        Known::Sparse(sup, vals) if sup.fits(x.len()) => {
-            Some(terms_from_support(x, view, sup, vals, lhs))
+    // An indicator side's terms are its operand's non-zeros (the same positions: NaN is
+    // non-zero to both), each with the value 1.
+    let ind = p.indicator;
+    let terms = |x: &[T], view: &View, lhs: bool, known: Known| {
+        let ind = ind[usize::from(!lhs)];
+        let ones = |t: Option<Vec<Vec<Term<T>>>>| match t {
+            Some(mut t) if ind => {
+                t.iter_mut().flatten().for_each(|t| t.2 = T::ONE);
+                Some(t)
+            }
+            t => t,
+        };
+        match known {
+            _ if !sparse_worth(x.len()) => None,
+            Known::Unknown => ones(sparse_terms(x, view, lhs)),
+            Known::Dense => None,
+            // A support of another buffer's length (a caller's mistake) is not trusted.
+            Known::Sparse(sup, _) if ind && sup.fits(x.len()) => {
+                Some(terms_from_support(x, view, sup, Values::Ones, lhs))
+            }
+            Known::Sparse(sup, vals) if sup.fits(x.len()) => {
+                Some(terms_from_support(x, view, sup, vals, lhs))
+            }
+            Known::Sparse(..) => ones(sparse_terms(x, view, lhs)),
         }
-        Known::Sparse(..) => sparse_terms(x, view, lhs),
     };
     let lt = terms(l, &p.lhs.view, true, known[0]);
     let rt = terms(r, &p.rhs.view, false, known[1]);
@@ -1406,9 +1441,10 @@ fn dot_float<T: GemmFloat>(
     };
     // A sparse side is taken when it is sparse and the other side finite (it leaves out
     // `0 * x` terms): the preferred side first, then the other.
+    // (An indicator is finite.)
     let takes = |p: DotPath| match p {
-        DotPath::SparseLhs => ln.is_some() && all_finite(r),
-        _ => rn.is_some() && all_finite(l),
+        DotPath::SparseLhs => ln.is_some() && (ind[1] || all_finite(r)),
+        _ => rn.is_some() && (ind[0] || all_finite(l)),
     };
     let order = if rhs_first {
         [DotPath::SparseRhs, DotPath::SparseLhs]
@@ -1419,6 +1455,15 @@ fn dot_float<T: GemmFloat>(
         .into_iter()
         .find(|&p| takes(p))
         .unwrap_or(DotPath::Dense);
+    // An indicator side that the path reads densely: its 0/1 copy.
+    let copy = |x: &[T]| -> Vec<T> {
+        x.iter()
+            .map(|&v| if v != T::ZERO { T::ONE } else { T::ZERO })
+            .collect()
+    };
+    let lc = (ind[0] && path != DotPath::SparseLhs).then(|| copy(l));
+    let rc = (ind[1] && path != DotPath::SparseRhs).then(|| copy(r));
+    let (l, r) = (lc.as_deref().unwrap_or(l), rc.as_deref().unwrap_or(r));
     // The GEMM reads permuted copies where strides do not merge; the sparse paths read the
     // operands in place.
     let done = match path {
@@ -2437,6 +2482,98 @@ mod tests {
             assert_ne!(want_path, DotPath::Dense, "{dims:?}");
             assert_eq!(path, want_path, "{dims:?}");
             assert!(got == want, "{dims:?}: other bits with the support known");
+        }
+    }
+
+    /// A product reading an operand as an indicator gives the bits of the same product
+    /// given the 0/1 mask itself, on every path: the sparse walk of the indicator side
+    /// (support unknown, or known with its scan's values, which must not be used), the
+    /// walk of the other side (the indicator then read densely), and the dense GEMM (the
+    /// weights dense, or the support said dense). `-0` and NaN are among the weights.
+    #[test]
+    fn indicator_reads_give_the_masks_bits() {
+        let (g, s, e, c, m) = (2usize, 64, 8, 4, 32);
+        let mut st = 7u64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        let mut weight = |next: &mut dyn FnMut() -> u64| match next() % 40 {
+            0 => -0.0,
+            1 => f32::NAN,
+            v => v as f32 / 39.0 - 0.5,
+        };
+        let rows = g * s;
+        let sparse = |next: &mut dyn FnMut() -> u64,
+                      w: &mut dyn FnMut(&mut dyn FnMut() -> u64) -> f32| {
+            let mut x = vec![0.0f32; rows * e * c];
+            for row in 0..rows {
+                for _ in 0..2 {
+                    let at = row * e * c + (next() % (e * c) as u64) as usize;
+                    x[at] = w(next);
+                }
+            }
+            x
+        };
+        let comb = sparse(&mut next, &mut weight);
+        let full: Vec<f32> = (0..rows * e * c).map(|_| weight(&mut next)).collect();
+        // A dense operand with a few zero rows... and a sparse one (few tokens in the
+        // expert buffer: the walk over it is the cheaper one).
+        let dense: Vec<f32> = (0..g * e * c * m)
+            .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let mut few = vec![0.0f32; g * e * c * m];
+        for v in few.iter_mut().step_by(97) {
+            *v = 0.5;
+        }
+        let dims = DotDims {
+            lhs_batch: vec![0],
+            rhs_batch: vec![0],
+            lhs_contract: vec![1, 2],
+            rhs_contract: vec![2, 3],
+        };
+        // The dispatch gradient GECM,GSEC->GMS: the indicator on the rhs.
+        let (ls, rs) = (vec![g, e, c, m], vec![g, s, e, c]);
+        let mut plan = DotPlan::new(&ls, &rs, &dims);
+        let given = plan.clone();
+        plan.read_indicator(1);
+        assert_eq!(plan.indicators(), [false, true]);
+        let n = plan.b * plan.m * plan.n;
+        let run = |plan: &DotPlan, l: &[f32], r: &[f32], known: [Known; 2]| {
+            let mut out = Data::F32(vec![f32::NAN; n]);
+            let (ld, rd) = (Data::F32(l.to_vec()), Data::F32(r.to_vec()));
+            let path = dot_known(plan, &ls, &ld, &rs, &rd, &mut out, &NO_TAIL, known);
+            let Data::F32(o) = out else { unreachable!() };
+            (path, o.iter().map(|v| v.to_bits()).collect::<Vec<u32>>())
+        };
+        let indicator = |x: &[f32]| -> Vec<f32> {
+            x.iter()
+                .map(|&v| if v != 0.0 { 1.0 } else { 0.0 })
+                .collect()
+        };
+        let sup = Support::of(&comb).expect("sparse");
+        // (The support known to the indicator read, and to the read of the mask itself.)
+        let (scanned, ones) = (
+            Known::Sparse(&sup, Values::Scanned),
+            Known::Sparse(&sup, Values::Ones),
+        );
+        // (lhs, the indicator's `x`, what is known of the rhs, the path.)
+        type Case<'a> = (&'a [f32], &'a [f32], [Known<'a>; 2], DotPath);
+        let cases: [Case; 5] = [
+            (&dense, &comb, [UNKNOWN[1]; 2], DotPath::SparseRhs),
+            (&dense, &comb, [scanned, ones], DotPath::SparseRhs),
+            (&few, &comb, [Known::Dense; 2], DotPath::SparseLhs),
+            (&dense, &comb, [Known::Dense; 2], DotPath::Dense),
+            (&dense, &full, [UNKNOWN[1]; 2], DotPath::Dense),
+        ];
+        for (i, (l, x, [known, mask_known], path)) in cases.into_iter().enumerate() {
+            let (want_path, want) = run(&given, l, &indicator(x), [UNKNOWN[0], mask_known]);
+            let (got_path, got) = run(&plan, l, x, [UNKNOWN[0], known]);
+            assert_eq!(got_path, path, "case {i}");
+            assert_eq!(want_path, path, "case {i}");
+            assert!(got == want, "case {i}: other bits than the mask's");
         }
     }
 
