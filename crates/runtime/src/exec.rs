@@ -2264,8 +2264,14 @@ impl Dev<'_> {
             (true, true) => " (both copied)",
         };
         let gemm = if path == DotPath::Dense { "gemm " } else { "" };
+        let indicator = match plan.indicator_copies(path) {
+            (false, false) => "",
+            (true, false) => " (lhs indicator copied)",
+            (false, true) => " (rhs indicator copied)",
+            (true, true) => " (both indicators copied)",
+        };
         let detail = format!(
-            "{gemm}{path:?} B={} M={} N={} K={}{copied}",
+            "{gemm}{path:?} B={} M={} N={} K={}{copied}{indicator}",
             plan.b, plan.m, plan.n, plan.k
         );
         (plan.flops(), detail)

@@ -860,19 +860,25 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
 /// among the weights (NaN is a non-zero of both; `-0` of neither), in three settings:
 /// - the mask read by the two dots alone: it is never computed, both dots read the
 ///   weights as an indicator, on their sparse paths;
-/// - the mask an output too: it is computed, and found to share the weights' support (one
-///   pass over them for all four products);
+/// - the mask an output too, or read by an elementwise group too: it is computed, and
+///   found to share the weights' support (one pass over them for all four products);
 /// - the weights dense (every slot taken): the dots read a 0/1 copy on the dense path.
 #[test]
 fn a_mask_of_the_combine_weights_is_read_through_their_support() {
-    for (mask_out, per_row) in [(false, 2), (true, 2), (false, 0)] {
-        one_hot_products(mask_out, per_row);
+    for (mask_out, squared, per_row) in [
+        (false, false, 2),
+        (true, false, 2),
+        (false, true, 2),
+        (false, false, 0),
+    ] {
+        one_hot_products(mask_out, squared, per_row);
     }
 }
 
 /// [`a_mask_of_the_combine_weights_is_read_through_their_support`]: `per_row` non-zero
-/// weights per token (0: all of them), the mask an output with `mask_out`.
-fn one_hot_products(mask_out: bool, per_row: usize) {
+/// weights per token (0: all of them), the mask an output with `mask_out`, and also read
+/// by a multiply (`mask * mask`, an output) with `squared`.
+fn one_hot_products(mask_out: bool, squared: bool, per_row: usize) {
     let (g, s, e, c, m) = (2usize, 64, 8, 4, 32);
     let mut rng = Rng(5);
     let mut comb = vec![0.0; g * s * e * c];
@@ -935,10 +941,15 @@ fn one_hot_products(mask_out: bool, per_row: usize) {
         b.output("mask", &mask);
         names.push("mask");
     }
+    if squared {
+        let sq = b.emit(Op::Binary(BinaryOp::Mul), &[&mask, &mask], None);
+        b.output("squared", &sq);
+        names.push("squared");
+    }
     let p = b.finish();
     let exe = Executable::new(&p).unwrap();
-    let (shared, indicators) = if mask_out { (1, 0) } else { (0, 2) };
-    let case = format!("mask output {mask_out}, {per_row} per row");
+    let (shared, indicators) = if mask_out || squared { (1, 0) } else { (0, 2) };
+    let case = format!("mask output {mask_out}, squared {squared}, {per_row} per row");
     assert_eq!(
         exe.shared_supports(),
         shared,
@@ -990,6 +1001,14 @@ fn one_hot_products(mask_out: bool, per_row: usize) {
         if per_row == 0 { 0 } else { 4 },
         "{case}: {paths:?}"
     );
+    // The dense path says it multiplied the indicator's 0/1 copy.
+    let copied = paths
+        .iter()
+        .filter(|d| d.contains("indicator copied"))
+        .count();
+    let dropped = !(mask_out || squared);
+    let want = if dropped && per_row == 0 { 2 } else { 0 };
+    assert_eq!(copied, want, "{case}: {paths:?}");
 }
 
 /// The in-process backend through `Communicator::collective` alone: other methods keep

@@ -633,6 +633,17 @@ impl DotPlan {
         }
     }
 
+    /// Which operands `(lhs, rhs)` read as indicators ([`DotPlan::read_indicator`]) a dot
+    /// that took `path` multiplies as a 0/1 copy: every path but the sparse walk over that
+    /// side reads it densely.
+    pub fn indicator_copies(&self, path: DotPath) -> (bool, bool) {
+        let [l, r] = self.indicator;
+        (
+            l && path != DotPath::SparseLhs,
+            r && path != DotPath::SparseRhs,
+        )
+    }
+
     /// The `(address, floats)` spans of batch entry 0 of the operands `l` and `r` as this
     /// plan's GEMM reads them in place (`(0, 0)` for a side that is copied first, is not one
     /// compact block, or is not inside its slice, e.g. empty): what a GEMM running just
@@ -1457,12 +1468,14 @@ fn dot_float<T: GemmFloat>(
         .unwrap_or(DotPath::Dense);
     // An indicator side that the path reads densely: its 0/1 copy.
     let copy = |x: &[T]| -> Vec<T> {
-        x.iter()
+        x.par_iter()
+            .with_min_len(1 << 14)
             .map(|&v| if v != T::ZERO { T::ONE } else { T::ZERO })
             .collect()
     };
-    let lc = (ind[0] && path != DotPath::SparseLhs).then(|| copy(l));
-    let rc = (ind[1] && path != DotPath::SparseRhs).then(|| copy(r));
+    let (lcopy, rcopy) = p.indicator_copies(path);
+    let lc = lcopy.then(|| copy(l));
+    let rc = rcopy.then(|| copy(r));
     let (l, r) = (lc.as_deref().unwrap_or(l), rc.as_deref().unwrap_or(r));
     // The GEMM reads permuted copies where strides do not merge; the sparse paths read the
     // operands in place.
