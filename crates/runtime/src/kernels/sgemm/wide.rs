@@ -91,6 +91,37 @@ unsafe fn store<const R: usize, const P: usize>(
     }
 }
 
+/// One step `p` of [`kernel`]: `P` vectors of `B`'s row, each of the `R` rows' `A` value
+/// broadcast and multiplied into its accumulators.
+///
+/// # Safety
+/// As [`kernel`] for step `p`. Always inlined into its kernel (whose AVX-512F the
+/// intrinsics need), so the accumulators stay in registers.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn step<const R: usize, const P: usize>(
+    acc: &mut Acc<R, P>,
+    a: &impl Fn(usize, usize) -> *const f32,
+    b: *const f32,
+    ps: usize,
+    p: usize,
+) {
+    // SAFETY: the caller's contract bounds every pointer offset below.
+    unsafe {
+        let bp = b.add(p * NR);
+        let mut bv = [_mm512_setzero_ps(); P];
+        for (q, y) in bv.iter_mut().enumerate() {
+            *y = _mm512_loadu_ps(bp.add(q * ps));
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let ai = _mm512_set1_ps(*a(i, p));
+            for (x, &y) in row.iter_mut().zip(&bv) {
+                *x = _mm512_fmadd_ps(ai, y, *x);
+            }
+        }
+    }
+}
+
 /// Start fetching the C tile's lines at once (a tile of fewer steps than lines; otherwise
 /// [`kernel`] spreads them over its first steps): its stores come after `kc` steps.
 #[cfg(target_arch = "x86_64")]
@@ -151,19 +182,6 @@ unsafe fn kernel<const R: usize, const P: usize>(
             prefetch_c::<P>(&c[..R], cs);
         }
         let mut acc: Acc<R, P> = [[_mm512_setzero_ps(); P]; R];
-        let step = |acc: &mut Acc<R, P>, p: usize| {
-            let bp = b.add(p * NR);
-            let mut bv = [_mm512_setzero_ps(); P];
-            for (q, y) in bv.iter_mut().enumerate() {
-                *y = _mm512_loadu_ps(bp.add(q * ps));
-            }
-            for (i, row) in acc.iter_mut().enumerate() {
-                let ai = _mm512_set1_ps(*a(i, p));
-                for (x, &y) in row.iter_mut().zip(&bv) {
-                    *x = _mm512_fmadd_ps(ai, y, *x);
-                }
-            }
-        };
         // The steps that also issue a fetch, then the plain ones (a loop free of the
         // fetches' tests and address arithmetic).
         let fetching = kc.min(pf.1.max(if spread_c { R * P } else { 0 }));
@@ -176,10 +194,10 @@ unsafe fn kernel<const R: usize, const P: usize>(
                 let line = c[p / P].wrapping_add((p % P) * NR);
                 _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
             }
-            step(&mut acc, p);
+            step::<R, P>(&mut acc, &a, b, ps, p);
         }
         for p in fetching..kc {
-            step(&mut acc, p);
+            step::<R, P>(&mut acc, &a, b, ps, p);
         }
         for q in kc..pf.1 {
             _mm_prefetch::<_MM_HINT_T1>((pf.0 + q * 64) as *const i8);
