@@ -2111,6 +2111,16 @@ mod tests {
     use super::*;
     use ir::DotDims;
 
+    /// A xorshift64 stream from `seed` (test data).
+    fn xorshift(mut st: u64) -> impl FnMut() -> u64 {
+        move || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        }
+    }
+
     /// Long rows' sums of products (the loss) come out bitwise as the in-order f64 chain
     /// gives them: random rows of mixed signs and magnitudes, rows whose sum cancels to
     /// zero or near a rounding boundary, where the lanes' sum differs from the chain's (the
@@ -2325,13 +2335,7 @@ mod tests {
     /// A one-hot-like `[4, 8, 6, 4]` tensor (a few values per row of its last two dims,
     /// `-0` and NaN among them), from a seed.
     fn one_hot_like(seed: u64) -> Vec<f32> {
-        let mut st = seed | 1;
-        let mut next = || {
-            st ^= st << 13;
-            st ^= st >> 7;
-            st ^= st << 17;
-            st
-        };
+        let mut next = xorshift(seed | 1);
         let mut x = vec![0.0f32; 4 * 8 * 6 * 4];
         for row in 0..32 {
             for _ in 0..2 {
@@ -2414,13 +2418,7 @@ mod tests {
     #[test]
     fn products_with_known_supports_give_the_scans_bits() {
         let (g, s, e, c, m) = (2usize, 64, 8, 4, 64);
-        let mut st = 99u64;
-        let mut next = || {
-            st ^= st << 13;
-            st ^= st >> 7;
-            st ^= st << 17;
-            st
-        };
+        let mut next = xorshift(99u64);
         let mut comb = vec![0.0f32; g * s * e * c];
         for row in 0..g * s {
             for _ in 0..2 {
@@ -2506,13 +2504,7 @@ mod tests {
     #[test]
     fn indicator_reads_give_the_masks_bits() {
         let (g, s, e, c, m) = (2usize, 64, 8, 4, 32);
-        let mut st = 7u64;
-        let mut next = || {
-            st ^= st << 13;
-            st ^= st >> 7;
-            st ^= st << 17;
-            st
-        };
+        let mut next = xorshift(7u64);
         let mut weight = |next: &mut dyn FnMut() -> u64| match next() % 40 {
             0 => -0.0,
             1 => f32::NAN,
@@ -2596,13 +2588,7 @@ mod tests {
     #[test]
     fn masked_sums_from_supports_give_the_scans_bits() {
         let (b, m, n, k) = (4usize, 64, 32, 48);
-        let mut st = 3u64;
-        let mut next = || {
-            st ^= st << 13;
-            st ^= st >> 7;
-            st ^= st << 17;
-            st
-        };
+        let mut next = xorshift(3u64);
         let mut unit = move || (next() % 2_000_001) as f32 / 1_000_000.0 - 1.0;
         let l: Vec<f32> = (0..b * m * k).map(|_| unit()).collect();
         let r: Vec<f32> = (0..b * k * n).map(|_| unit()).collect();
