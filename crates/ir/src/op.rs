@@ -91,6 +91,21 @@ pub struct DotDims {
 }
 
 impl DotDims {
+    /// Dimension numbers from each side's batch dims and contracting dims.
+    pub fn new(
+        lhs_batch: Vec<usize>,
+        rhs_batch: Vec<usize>,
+        lhs_contract: Vec<usize>,
+        rhs_contract: Vec<usize>,
+    ) -> DotDims {
+        DotDims {
+            lhs_batch,
+            rhs_batch,
+            lhs_contract,
+            rhs_contract,
+        }
+    }
+
     /// Free (non-batch, non-contracting) dims of the lhs for a rank-`rank` operand.
     pub fn lhs_free(&self, rank: usize) -> Vec<usize> {
         (0..rank)

@@ -33,15 +33,6 @@ fn data(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-fn dd(lb: Vec<usize>, rb: Vec<usize>, lc: Vec<usize>, rc: Vec<usize>) -> DotDims {
-    DotDims {
-        lhs_batch: lb,
-        rhs_batch: rb,
-        lhs_contract: lc,
-        rhs_contract: rc,
-    }
-}
-
 fn bench_gemm(c: &mut Criterion) {
     let mut g = c.benchmark_group("gemm");
     g.sample_size(10);
@@ -53,31 +44,31 @@ fn bench_gemm(c: &mut Criterion) {
             "square_512",
             vec![512, 512],
             vec![512, 512],
-            dd(vec![], vec![], vec![1], vec![0]),
+            DotDims::new(vec![], vec![], vec![1], vec![0]),
         ),
         (
             "square_1024",
             vec![1024, 1024],
             vec![1024, 1024],
-            dd(vec![], vec![], vec![1], vec![0]),
+            DotDims::new(vec![], vec![], vec![1], vec![0]),
         ),
         (
             "up_8x256x256x1024",
             vec![8, 256, 256],
             vec![8, 256, 1024],
-            dd(vec![0], vec![0], vec![2], vec![1]),
+            DotDims::new(vec![0], vec![0], vec![2], vec![1]),
         ),
         (
             "down_8x256x1024x256",
             vec![8, 256, 1024],
             vec![8, 1024, 256],
-            dd(vec![0], vec![0], vec![2], vec![1]),
+            DotDims::new(vec![0], vec![0], vec![2], vec![1]),
         ),
         (
             "wgrad_8x256T256x1024",
             vec![8, 256, 256],
             vec![8, 256, 1024],
-            dd(vec![0], vec![0], vec![1], vec![1]),
+            DotDims::new(vec![0], vec![0], vec![1], vec![1]),
         ),
     ];
     for (name, ls, rs, dims) in cases {
@@ -299,7 +290,7 @@ fn bench_gemm(c: &mut Criterion) {
     }
     let ls = vec![gg, s, e, cc];
     let rs = vec![gg, s, m];
-    let dims = dd(vec![0], vec![0], vec![1], vec![1]);
+    let dims = DotDims::new(vec![0], vec![0], vec![1], vec![1]);
     let plan = DotPlan::new(&ls, &rs, &dims);
     let (l, r) = (Data::F32(comb), Data::F32(data(gg * s * m, 3)));
     let mut out = Data::F32(vec![0.0; plan.b * plan.m * plan.n]);

@@ -868,13 +868,7 @@ fn sum_products(p: &Program, steps: &mut Vec<Step>) {
 fn same_supports(p: &Program, steps: &[Step], class: &[usize]) -> Vec<usize> {
     let mut key = class.to_vec();
     for s in steps {
-        let Kind::Fused { f, inputs, .. } = &s.kind else {
-            continue;
-        };
-        let [x] = inputs[..] else {
-            continue;
-        };
-        if is_indicator(p, f, x, s.instr) {
+        if let Some(x) = indicator_of(p, s) {
             key[class[s.instr]] = key[class[x]];
         }
     }
@@ -882,10 +876,16 @@ fn same_supports(p: &Program, steps: &[Step], class: &[usize]) -> Vec<usize> {
     (0..class.len()).map(|v| key[class[v]]).collect()
 }
 
-/// Whether fused group `f` (one input, `x`, to value `v`) computes exactly the indicator
-/// `convert(x != 0)` (or `0 != x`) to a float of `x`'s shape: `1` where `x` is non-zero
-/// (NaN included: it compares unequal to zero), `0` where it is `±0`.
-fn is_indicator(p: &Program, f: &Fused, x: usize, v: usize) -> bool {
+/// `x` where step `s` is a fused group of one input `x` that computes exactly the indicator
+/// `convert(x != 0)` (or `0 != x`) to a float of `x`'s shape, from a float `x`: `1` where
+/// `x` is non-zero (NaN included: it compares unequal to zero), `0` where it is `±0`.
+fn indicator_of(p: &Program, s: &Step) -> Option<usize> {
+    let Kind::Fused { f, inputs, .. } = &s.kind else {
+        return None;
+    };
+    let [x] = inputs[..] else {
+        return None;
+    };
     let float = |t: DType| matches!(t, DType::F32 | DType::F64);
     let zero = |n: usize| matches!(f.nodes.get(n), Some((Node::Splat(z), _)) if *z == 0.0);
     let input = |n: usize| matches!(f.nodes.get(n), Some((Node::Input(0), _)));
@@ -897,8 +897,8 @@ fn is_indicator(p: &Program, f: &Fused, x: usize, v: usize) -> bool {
         ),
         _ => false,
     };
-    let (tx, ty) = (&p.instrs[x].ty, &p.instrs[v].ty);
-    indicator && float(tx.dtype) && tx.shape == ty.shape
+    let (tx, ty) = (&p.instrs[x].ty, &p.instrs[s.instr].ty);
+    (indicator && float(tx.dtype) && tx.shape == ty.shape).then_some(x)
 }
 
 /// Drop each indicator group `v = convert(x != 0)` (f32 or f64, `x` of its dtype) whose
@@ -912,16 +912,12 @@ fn indicator_dots(p: &Program, steps: &mut Vec<Step>) {
     let (_, readers) = producers_and_readers(steps);
     let mut gone = vec![false; steps.len()];
     for si in 0..steps.len() {
-        let s = &steps[si];
-        let Kind::Fused { f, inputs, .. } = &s.kind else {
+        let (s, v) = (&steps[si], steps[si].instr);
+        let Some(x) = indicator_of(p, s) else {
             continue;
         };
-        let [x] = inputs[..] else {
-            continue;
-        };
-        let v = s.instr;
         let same_type = p.instrs[x].ty.dtype == p.instrs[v].ty.dtype;
-        if s.also.is_some() || is_output(p, v) || !same_type || !is_indicator(p, f, x, v) {
+        if s.also.is_some() || is_output(p, v) || !same_type {
             continue;
         }
         let Some(rs) = readers.get(&v) else {

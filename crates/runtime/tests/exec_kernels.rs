@@ -123,22 +123,7 @@ fn f32_type(d: &[usize]) -> Type {
 
 /// A dot batched over dim 0 of both operands, contracting lhs dim `lc` with rhs dim `rc`.
 fn batched(lc: usize, rc: usize) -> DotDims {
-    DotDims {
-        lhs_batch: vec![0],
-        rhs_batch: vec![0],
-        lhs_contract: vec![lc],
-        rhs_contract: vec![rc],
-    }
-}
-
-/// Dot dims from the batch and contracting dims of each side.
-fn dd(lb: Vec<usize>, rb: Vec<usize>, lc: Vec<usize>, rc: Vec<usize>) -> DotDims {
-    DotDims {
-        lhs_batch: lb,
-        rhs_batch: rb,
-        lhs_contract: lc,
-        rhs_contract: rc,
-    }
+    DotDims::new(vec![0], vec![0], vec![lc], vec![rc])
 }
 
 fn same(a: f64, b: f64) -> bool {
@@ -711,12 +696,12 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
     let eo = b.param("eo", Type::new(DType::F32, vec![e, g, c, m]));
     let dy = b.param("dy", Type::new(DType::F32, vec![g, s, m]));
     let dispatch = b.emit(
-        Op::DotGeneral(dd(vec![0], vec![0], vec![1], vec![1])),
+        Op::DotGeneral(DotDims::new(vec![0], vec![0], vec![1], vec![1])),
         &[&comb_v, &x],
         None,
     );
     let combine = b.emit(
-        Op::DotGeneral(dd(vec![0], vec![1], vec![2, 3], vec![0, 2])),
+        Op::DotGeneral(DotDims::new(vec![0], vec![1], vec![2, 3], vec![0, 2])),
         &[&comb_v, &eo],
         None,
     );
@@ -728,26 +713,26 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
         None,
     );
     let back = b.emit(
-        Op::DotGeneral(dd(vec![0], vec![0], vec![1, 2], vec![2, 3])),
+        Op::DotGeneral(DotDims::new(vec![0], vec![0], vec![1, 2], vec![2, 3])),
         &[&eo_t, &comb_v],
         None,
     );
     let back2 = b.emit(
-        Op::DotGeneral(dd(vec![0], vec![0], vec![1], vec![1])),
+        Op::DotGeneral(DotDims::new(vec![0], vec![0], vec![1], vec![1])),
         &[&dy, &comb_v],
         None,
     );
     // The dense operand's contracting dims do not merge (a copy for the GEMM; read in place
     // by the sparse path).
     let back3 = b.emit(
-        Op::DotGeneral(dd(vec![1], vec![0], vec![0, 2], vec![2, 3])),
+        Op::DotGeneral(DotDims::new(vec![1], vec![0], vec![0, 2], vec![2, 3])),
         &[&eo, &comb_v],
         None,
     );
     // The same two backward products written transposed, as the MoE backward does: the
     // result's rows become contiguous (one slice update per non-zero).
     let back_d = b.emit(
-        Op::DotGeneral(dd(vec![0], vec![0], vec![1, 2], vec![2, 3])),
+        Op::DotGeneral(DotDims::new(vec![0], vec![0], vec![1, 2], vec![2, 3])),
         &[&eo_t, &comb_v],
         None,
     );
@@ -759,7 +744,7 @@ fn one_hot_einsums_take_the_sparse_path_and_match() {
         None,
     );
     let back2_d = b.emit(
-        Op::DotGeneral(dd(vec![0], vec![0], vec![1], vec![1])),
+        Op::DotGeneral(DotDims::new(vec![0], vec![0], vec![1], vec![1])),
         &[&dy, &comb_v],
         None,
     );
@@ -903,35 +888,14 @@ fn one_hot_products(mask_out: bool, squared: bool, per_row: usize) {
     let x = b.param("x", Type::new(DType::F32, vec![g, s, m]));
     let eo = b.param("eo", Type::new(DType::F32, vec![e, g, c, m]));
     let dx = b.param("dx", Type::new(DType::F32, vec![g, e, c, m]));
-    let zero = b.emit(
-        Op::Constant {
-            value: Literal::Splat(0.0),
-        },
-        &[],
-        Some(gsec.clone()),
-    );
-    let ne = b.emit(Op::Compare(CompareOp::Ne), &[&comb_v, &zero], None);
-    let mask = b.emit(Op::Convert, &[&ne], Some(gsec.clone()));
-    let dispatch = b.emit(
-        Op::DotGeneral(dd(vec![0], vec![0], vec![1], vec![1])),
-        &[&mask, &x],
-        None,
-    );
-    let combine = b.emit(
-        Op::DotGeneral(dd(vec![0], vec![1], vec![2, 3], vec![0, 2])),
-        &[&comb_v, &eo],
-        None,
-    );
-    let comb_grad = b.emit(
-        Op::DotGeneral(dd(vec![0], vec![0], vec![1], vec![1])),
-        &[&x, &comb_v],
-        None,
-    );
-    let dispatch_grad = b.emit(
-        Op::DotGeneral(dd(vec![0], vec![0], vec![1, 2], vec![2, 3])),
-        &[&dx, &mask],
-        None,
-    );
+    let zero = b.splat(0.0, gsec.clone());
+    let mask = comb_v.ne(&zero).convert(DType::F32);
+    let dispatch = mask.dot_general(&x, DotDims::new(vec![0], vec![0], vec![1], vec![1]));
+    let dims = DotDims::new(vec![0], vec![1], vec![2, 3], vec![0, 2]);
+    let combine = comb_v.dot_general(&eo, dims);
+    let comb_grad = x.dot_general(&comb_v, DotDims::new(vec![0], vec![0], vec![1], vec![1]));
+    let dims = DotDims::new(vec![0], vec![0], vec![1, 2], vec![2, 3]);
+    let dispatch_grad = dx.dot_general(&mask, dims);
     b.output("dispatch", &dispatch);
     b.output("combine", &combine);
     b.output("comb_grad", &comb_grad);
@@ -942,7 +906,7 @@ fn one_hot_products(mask_out: bool, squared: bool, per_row: usize) {
         names.push("mask");
     }
     if squared {
-        let sq = b.emit(Op::Binary(BinaryOp::Mul), &[&mask, &mask], None);
+        let sq = mask.mul(&mask);
         b.output("squared", &sq);
         names.push("squared");
     }

@@ -1420,25 +1420,23 @@ fn dot_float<T: GemmFloat>(
     let ind = p.indicator;
     let terms = |x: &[T], view: &View, lhs: bool, known: Known| {
         let ind = ind[usize::from(!lhs)];
-        let ones = |t: Option<Vec<Vec<Term<T>>>>| match t {
-            Some(mut t) if ind => {
-                t.iter_mut().flatten().for_each(|t| t.2 = T::ONE);
-                Some(t)
-            }
-            t => t,
-        };
+        if !sparse_worth(x.len()) {
+            return None;
+        }
         match known {
-            _ if !sparse_worth(x.len()) => None,
-            Known::Unknown => ones(sparse_terms(x, view, lhs)),
             Known::Dense => None,
             // A support of another buffer's length (a caller's mistake) is not trusted.
-            Known::Sparse(sup, _) if ind && sup.fits(x.len()) => {
-                Some(terms_from_support(x, view, sup, Values::Ones, lhs))
-            }
             Known::Sparse(sup, vals) if sup.fits(x.len()) => {
+                let vals = if ind { Values::Ones } else { vals };
                 Some(terms_from_support(x, view, sup, vals, lhs))
             }
-            Known::Sparse(..) => ones(sparse_terms(x, view, lhs)),
+            Known::Unknown | Known::Sparse(..) => {
+                let mut t = sparse_terms(x, view, lhs)?;
+                if ind {
+                    t.iter_mut().flatten().for_each(|t| t.2 = T::ONE);
+                }
+                Some(t)
+            }
         }
     };
     let lt = terms(l, &p.lhs.view, true, known[0]);
@@ -1645,32 +1643,20 @@ pub fn dot(
     rhs: &Data,
     out: &mut Data,
 ) -> DotPath {
-    dot_ahead(p, lhs_shape, lhs, rhs_shape, rhs, out, &NO_TAIL)
+    dot_known(p, lhs_shape, lhs, rhs_shape, rhs, out, &NO_TAIL, UNKNOWN)
 }
 
-/// No spans to fetch after a batch (see [`dot_ahead`]).
+/// No spans to fetch after a batch (see [`dot_known`]).
 pub const NO_TAIL: [(usize, usize); 2] = [(0, 0); 2];
 
 /// Nothing known of either operand's non-zeros.
-const UNKNOWN: [Known<'static>; 2] = [Known::Unknown; 2];
+pub const UNKNOWN: [Known<'static>; 2] = [Known::Unknown; 2];
 
 /// [`dot`], fetching `tail` (`(address, floats)` spans, see
 /// [`DotPlan::first_entry_spans`]: the operands of the dot that runs next) into cache while
-/// the last GEMM of the batch computes: the first expert of a batch otherwise finds its
-/// operands in memory (each other expert's are fetched by the one before it).
-pub fn dot_ahead(
-    p: &DotPlan,
-    lhs_shape: &[usize],
-    lhs: &Data,
-    rhs_shape: &[usize],
-    rhs: &Data,
-    out: &mut Data,
-    tail: &[(usize, usize); 2],
-) -> DotPath {
-    dot_known(p, lhs_shape, lhs, rhs_shape, rhs, out, tail, UNKNOWN)
-}
-
-/// [`dot_ahead`] with what the caller knows of each operand's non-zeros (`[lhs, rhs]`; see
+/// the last GEMM of the batch computes (the first expert of a batch otherwise finds its
+/// operands in memory; each other expert's are fetched by the one before it), with what the
+/// caller knows of each operand's non-zeros (`[lhs, rhs]`, [`UNKNOWN`] for nothing; see
 /// [`Support`]): a float operand the product would list term by term is not scanned again
 /// when its support is known. The values computed are the same either way.
 #[allow(clippy::too_many_arguments)]
@@ -2062,7 +2048,7 @@ fn dot8_impl(a: &[f32], b: &[f32]) -> f32 {
 /// elementwise consumer fused into the GEMM's output: no second pass over memory).
 /// `epi_in`: the buffers the epilogue reads; those as long as the result have each entry's
 /// part fetched into cache while the entry's GEMM computes (within the fetch budget).
-/// `tail`: as in [`dot_ahead`].
+/// `tail`: as in [`dot_known`].
 #[allow(clippy::too_many_arguments)]
 pub fn dot_then(
     p: &DotPlan,
@@ -2261,7 +2247,16 @@ mod tests {
         let mut with = Data::F32(vec![0.0; b * m * n]);
         let mut without = Data::F32(vec![0.0; b * m * n]);
         let (ld, rd) = (Data::F32(l.clone()), Data::F32(r.clone()));
-        dot_ahead(&p, &[b, m, k], &ld, &[b, k, n], &rd, &mut with, &spans);
+        dot_known(
+            &p,
+            &[b, m, k],
+            &ld,
+            &[b, k, n],
+            &rd,
+            &mut with,
+            &spans,
+            UNKNOWN,
+        );
         dot(&p, &[b, m, k], &ld, &[b, k, n], &rd, &mut without);
         assert_eq!(with, without);
     }
@@ -2431,38 +2426,32 @@ mod tests {
                 .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
                 .collect()
         };
-        let dd = |lb: Vec<usize>, rb: Vec<usize>, lc: Vec<usize>, rc: Vec<usize>| DotDims {
-            lhs_batch: lb,
-            rhs_batch: rb,
-            lhs_contract: lc,
-            rhs_contract: rc,
-        };
         let gsec = vec![g, s, e, c];
         let cases: Vec<(Vec<usize>, Vec<usize>, DotDims, bool)> = vec![
             // dispatch GSEC,GSM->GECM; combine GSEC,EGCM->GSM (sparse lhs)
             (
                 gsec.clone(),
                 vec![g, s, m],
-                dd(vec![0], vec![0], vec![1], vec![1]),
+                DotDims::new(vec![0], vec![0], vec![1], vec![1]),
                 true,
             ),
             (
                 gsec.clone(),
                 vec![e, g, c, m],
-                dd(vec![0], vec![1], vec![2, 3], vec![0, 2]),
+                DotDims::new(vec![0], vec![1], vec![2, 3], vec![0, 2]),
                 true,
             ),
             // their gradients (sparse rhs)
             (
                 vec![g, e, c, m],
                 gsec.clone(),
-                dd(vec![0], vec![0], vec![1, 2], vec![2, 3]),
+                DotDims::new(vec![0], vec![0], vec![1, 2], vec![2, 3]),
                 false,
             ),
             (
                 vec![g, s, m],
                 gsec.clone(),
-                dd(vec![0], vec![0], vec![1], vec![1]),
+                DotDims::new(vec![0], vec![0], vec![1], vec![1]),
                 false,
             ),
         ];
@@ -2533,12 +2522,7 @@ mod tests {
         for v in few.iter_mut().step_by(97) {
             *v = 0.5;
         }
-        let dims = DotDims {
-            lhs_batch: vec![0],
-            rhs_batch: vec![0],
-            lhs_contract: vec![1, 2],
-            rhs_contract: vec![2, 3],
-        };
+        let dims = DotDims::new(vec![0], vec![0], vec![1, 2], vec![2, 3]);
         // The dispatch gradient GECM,GSEC->GMS: the indicator on the rhs.
         let (ls, rs) = (vec![g, e, c, m], vec![g, s, e, c]);
         let mut plan = DotPlan::new(&ls, &rs, &dims);
