@@ -166,7 +166,7 @@ fn bench_gemm(c: &mut Criterion) {
             ("raw_sgemm_128x512x128", 128, 512, 128, "", None),
             // The same with B read transposed (the expert's ReLU-gradient GEMM, dY W2^T).
             ("rawBt_sgemm_128x512x128", 128, 512, 128, "b", None),
-            // The same with the AVX2 6x16 tile instead of the AVX-512 6x48 one (same bits).
+            // The same with the AVX2 6x16 tile instead of the AVX-512 6x64 one (same bits).
             ("avx2tile_sgemm_128x512x128", 128, 512, 128, "", None),
             ("avx2tile_sgemm_512x512x512", 512, 512, 512, "", None),
             ("raw_sgemm_128x128x512", 128, 128, 512, "", None),

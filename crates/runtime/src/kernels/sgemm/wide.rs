@@ -5,7 +5,9 @@
 //! what the wider registers buy is fewer instructions per FMA. The AVX2 `6 x 16` tile
 //! issues two loads of `B` and six broadcasts of `A` for every twelve 8-lane FMAs (six
 //! cycles): 1.3 loads and 3.3 instructions per cycle. A `6 x 48` tile issues three loads and
-//! six broadcasts for eighteen 16-lane FMAs (eighteen cycles). On the smaller benchmark
+//! six broadcasts for eighteen 16-lane FMAs (eighteen cycles on Zen 4, nine on Zen 5's
+//! 512-bit pipes), a `6 x 64` tile (the one used, [`PANELS`]) four loads and six broadcasts
+//! for twenty-four. On Zen 4, for the `6 x 48` tile, on the smaller benchmark
 //! shape's expert GEMMs (one thread, hot caches) that took 95-105 GFLOP/s to 98-108 (512^3:
 //! 107 to 111; the FMA peak is 116); the `gemm` crate's AVX-512 kernels reach 109-114 on
 //! the same shapes, but skip no zero rows and write no offset tables.
@@ -21,8 +23,12 @@ use crate::kernels::lanes;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Panels per tile: a `6 x 48` tile, eighteen accumulators.
-pub(super) const PANELS: usize = 3;
+/// Panels per tile: a `6 x 64` tile, twenty-four accumulators (with the four vectors of `B`
+/// and the broadcast, 29 of the 32 registers). Against the `6 x 48` tile (three panels) on
+/// a Zen 5 core, one thread, hot: 512^3 247 -> 252 GFLOP/s, `128 x 512 x 128` 236 -> 242
+/// (eight whole strips rather than ten and a third), `256 x 1024 x 256` 240 -> 244.
+/// Partial strips take the three-, two- and one-panel instances.
+pub(super) const PANELS: usize = 4;
 
 /// Whether this CPU runs the kernel (AVX-512F).
 pub(super) fn available() -> bool {
@@ -219,6 +225,12 @@ unsafe fn kernel<const R: usize, const P: usize>(
 macro_rules! by_shape {
     ($mr:expr, $p:expr, $f:ident($($arg:expr),*)) => {
         match ($mr, $p) {
+            (6, 4) => $f::<6, 4>($($arg),*),
+            (5, 4) => $f::<5, 4>($($arg),*),
+            (4, 4) => $f::<4, 4>($($arg),*),
+            (3, 4) => $f::<3, 4>($($arg),*),
+            (2, 4) => $f::<2, 4>($($arg),*),
+            (1, 4) => $f::<1, 4>($($arg),*),
             (6, 3) => $f::<6, 3>($($arg),*),
             (6, 2) => $f::<6, 2>($($arg),*),
             (6, _) => $f::<6, 1>($($arg),*),
