@@ -81,6 +81,17 @@ const NC: usize = 1024;
 /// line between them, the panels' lines of one step fall in consecutive sets.
 const PANEL_PAD: usize = NR;
 
+/// The widest row stride (floats) at which the AVX-512 tiles read a row-major `B` in place
+/// rather than packed. Each tile streams its strip of `B` from L2 either way (a strip of
+/// 512 steps is 128 KiB), so the copy buys nothing while `B`'s rows lie at most 2 KiB
+/// apart: one thread, hot, on a Zen 5 core, `128 x 512 x 128` 240 -> 250 GFLOP/s,
+/// `128 x 128 x 512` 239 -> 252, `256 x 1024 x 256` 246 -> 251, 512^3 the same. At 4 KiB
+/// (a row per page) it loses: 1024^3 245 -> 236. A `B` with rows to check for finiteness
+/// (an `A` with all-zero rows, which are skipped) is packed, as the copy checks them: read
+/// in place after a checking pass, the cold weights of the MoE step's up-projections made
+/// the step ~1 % slower (in-process A/B); without the check the step is unchanged.
+const IN_PLACE_B_RS: usize = 512;
+
 /// Floats from one packed `W`-wide panel of `B` to the next, for a block of `kc` steps:
 /// the `NR`-wide panels of the micro-kernels are padded ([`PANEL_PAD`]); the row-sparse
 /// path's [`sparse::GROUP`]-wide ones are not (a step's columns are one run already).
@@ -654,7 +665,21 @@ unsafe fn blocked(
                 }
                 // Finiteness only matters when there are dead rows to multiply or not.
                 let check = !dead.is_empty();
-                let finite = pack_b::<NR>(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb, check);
+                // The wide tiles read a row-major `B` over consecutive steps in place
+                // (whole 16-column panels, rows at most `IN_PLACE_B_RS` floats apart) where
+                // no finiteness check is needed: see `IN_PLACE_B_RS`.
+                let b_rows = wide
+                    && direct
+                    && !check
+                    && b.cs == 1
+                    && b.rs <= IN_PLACE_B_RS
+                    && nc.is_multiple_of(NR)
+                    && kidx[kc - 1] - kidx[0] == kc - 1;
+                let finite = if b_rows {
+                    !check || rows_finite(b.ptr.add(jc + kidx[0] * b.rs), b.rs, kc, nc)
+                } else {
+                    pack_b::<NR>(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb, check)
+                };
                 // Dead rows (already zero) are multiplied only against a non-finite
                 // block, accumulating, exactly as the dense product would.
                 let sets: [(&[usize], bool); 2] =
@@ -667,8 +692,12 @@ unsafe fn blocked(
                         }
                         for jr in (0..nc).step_by(width) {
                             let nr = width.min(nc - jr);
-                            let ps = panel_stride(NR, kc);
-                            let bp = pb[jr / NR * ps..].as_ptr();
+                            let (bp, ps, bs) = if b_rows {
+                                (b.ptr.add(jc + jr + kidx[0] * b.rs), NR, b.rs)
+                            } else {
+                                let ps = panel_stride(NR, kc);
+                                (pb[jr / NR * ps..].as_ptr(), ps, NR)
+                            };
                             for (t, tile) in rblk.chunks(MR).enumerate() {
                                 // The wide kernel spreads its share of the fetches over its
                                 // steps; the AVX2 one takes them before the tile.
@@ -710,7 +739,7 @@ unsafe fn blocked(
                                     }
                                     if wide {
                                         wide::tile_rows(
-                                            kc, &arow, bp, ps, &crow, c.cs, mr, nr, first, pf,
+                                            kc, &arow, bp, ps, bs, &crow, c.cs, mr, nr, first, pf,
                                             stream,
                                         );
                                     } else {
@@ -1616,7 +1645,8 @@ mod tests {
         }
         // Irregular values, so that any change of the summation order shows in the bits;
         // partial tiles in both directions, several `KC` blocks, zero rows (skipped) and a
-        // non-finite value (the dead rows multiplied after all).
+        // non-finite value (the dead rows multiplied after all); first without zeros, where
+        // the wide tiles read a row-major `B` of at most `IN_PLACE_B_RS` columns in place.
         let vals = |len: usize, seed: u64| -> Vec<f32> {
             let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
             (0..len)
@@ -1635,15 +1665,11 @@ mod tests {
             (6, 48, 512),
             (7, 97, 9),
             (1, 33, 600),
+            (20, 80, 700),
+            (9, 496, 64),
         ] {
             let mut a = vals(m * k, 1);
             let mut b = vals(k * n, 2);
-            for i in (0..m).step_by(5) {
-                a[i * k..(i + 1) * k].fill(0.0);
-            }
-            for p in (0..k).step_by(7) {
-                b[p * n..(p + 1) * n].fill(0.0);
-            }
             let runs = |a: &[f32], b: &[f32]| {
                 set_wide(false);
                 let narrow = all_layouts(m, n, k, a, b);
@@ -1654,6 +1680,13 @@ mod tests {
                     assert!(same, "{m}x{n}x{k} layout {layout}: the tiles' bits differ");
                 }
             };
+            runs(&a, &b);
+            for i in (0..m).step_by(5) {
+                a[i * k..(i + 1) * k].fill(0.0);
+            }
+            for p in (0..k).step_by(7) {
+                b[p * n..(p + 1) * n].fill(0.0);
+            }
             runs(&a, &b);
             b[(k - 1) * n + n / 2] = f32::INFINITY;
             runs(&a, &b);

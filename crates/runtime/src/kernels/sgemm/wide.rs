@@ -110,11 +110,12 @@ unsafe fn step<const R: usize, const P: usize>(
     a: &impl Fn(usize, usize) -> *const f32,
     b: *const f32,
     ps: usize,
+    bs: usize,
     p: usize,
 ) {
     // SAFETY: the caller's contract bounds every pointer offset below.
     unsafe {
-        let bp = b.add(p * NR);
+        let bp = b.add(p * bs);
         let mut bv = [_mm512_setzero_ps(); P];
         for (q, y) in bv.iter_mut().enumerate() {
             *y = _mm512_loadu_ps(bp.add(q * ps));
@@ -145,15 +146,16 @@ unsafe fn prefetch_c<const P: usize>(c: &[*mut f32], cs: usize) {
 
 /// The `R x 16P` micro-kernel: `C[tile] (=|+=) A · B` over `kc` steps, `A` row `i` of the
 /// tile at `a(i, p)` for step `p` (a packed panel or a row read in place), `B` panel `q`'s
-/// step `p` at `b + q * ps + p * NR`; writes the left `nr` columns of rows `c[..R]`,
+/// step `p` at `b + q * ps + p * bs` (packed: `bs = NR`; read in place: `ps = NR` and `bs`
+/// the row stride); writes the left `nr` columns of rows `c[..R]`,
 /// columns `cs` apart (`first`: overwrite, else accumulate). `pf = (address, lines)`: cache
 /// lines to fetch for later (see `Fetch`), one per step rather than all before the tile: a
 /// burst of a few dozen fetches that miss to memory fills the core's miss buffers and stalls
 /// the tile until they drain (the fetch loop took ~4 % of an MoE step's samples).
 ///
 /// # Safety
-/// AVX-512F; every `a(i, p)` (`i < R`, `p < kc`) readable; `P` panels of `kc * NR` floats
-/// readable from `b`, `ps` apart; the `R x nr` elements `c[i] + j*cs` writable and touched
+/// AVX-512F; every `a(i, p)` (`i < R`, `p < kc`) readable; the `NR` floats at
+/// `b + q * ps + p * bs` readable for `q < P`, `p < kc`; the `R x nr` elements `c[i] + j*cs` writable and touched
 /// by no other thread. `stream`: write a whole, line-aligned first tile with
 /// non-temporal stores (the caller fences them).
 #[cfg(target_arch = "x86_64")]
@@ -165,6 +167,7 @@ unsafe fn kernel<const R: usize, const P: usize>(
     a: impl Fn(usize, usize) -> *const f32,
     b: *const f32,
     ps: usize,
+    bs: usize,
     c: &[*mut f32; MR],
     cs: usize,
     nr: usize,
@@ -200,10 +203,10 @@ unsafe fn kernel<const R: usize, const P: usize>(
                 let line = c[p / P].wrapping_add((p % P) * NR);
                 _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
             }
-            step::<R, P>(&mut acc, &a, b, ps, p);
+            step::<R, P>(&mut acc, &a, b, ps, bs, p);
         }
         for p in fetching..kc {
-            step::<R, P>(&mut acc, &a, b, ps, p);
+            step::<R, P>(&mut acc, &a, b, ps, bs, p);
         }
         for q in kc..pf.1 {
             _mm_prefetch::<_MM_HINT_T1>((pf.0 + q * 64) as *const i8);
@@ -279,6 +282,7 @@ unsafe fn packed<const R: usize, const P: usize>(
             |i, p| a.add(p * MR + i),
             b,
             ps,
+            NR,
             c,
             cs,
             nr,
@@ -289,7 +293,8 @@ unsafe fn packed<const R: usize, const P: usize>(
     }
 }
 
-/// [`kernel`] reading A in place (row `i` of the tile: `kc` contiguous floats at `a[i]`).
+/// [`kernel`] reading A in place (row `i` of the tile: `kc` contiguous floats at `a[i]`),
+/// `B`'s steps `bs` floats apart.
 ///
 /// # Safety
 /// As [`kernel`], with `kc` floats readable at each `a[i]`, `i < R`.
@@ -301,6 +306,7 @@ unsafe fn rows<const R: usize, const P: usize>(
     a: &[*const f32; MR],
     b: *const f32,
     ps: usize,
+    bs: usize,
     c: &[*mut f32; MR],
     cs: usize,
     nr: usize,
@@ -310,7 +316,21 @@ unsafe fn rows<const R: usize, const P: usize>(
 ) {
     let r: [*const f32; R] = std::array::from_fn(|i| a[i]);
     // SAFETY: the caller's contract.
-    unsafe { kernel::<R, P>(kc, |i, p| r[i].add(p), b, ps, c, cs, nr, first, pf, stream) }
+    unsafe {
+        kernel::<R, P>(
+            kc,
+            |i, p| r[i].add(p),
+            b,
+            ps,
+            bs,
+            c,
+            cs,
+            nr,
+            first,
+            pf,
+            stream,
+        )
+    }
 }
 
 /// One `mr x nr` tile (`nr <= PANELS * NR`) from a packed A panel; B's panels `ps` apart.
@@ -344,7 +364,9 @@ pub(super) unsafe fn tile(
     }
 }
 
-/// One `mr x nr` tile (`nr <= PANELS * NR`) reading A in place; B's panels `ps` apart.
+/// One `mr x nr` tile (`nr <= PANELS * NR`) reading A in place; B's panels `ps` apart,
+/// its steps `bs` apart (a packed `B`: `NR`; a row-major one read in place: its row stride,
+/// with `ps = NR`).
 ///
 /// # Safety
 /// As [`kernel`] with `R = mr` (`1 <= mr <= MR`), `P = nr.div_ceil(NR)`, `kc` floats
@@ -357,6 +379,7 @@ pub(super) unsafe fn tile_rows(
     a: &[*const f32; MR],
     b: *const f32,
     ps: usize,
+    bs: usize,
     c: &[*mut f32; MR],
     cs: usize,
     mr: usize,
@@ -370,7 +393,7 @@ pub(super) unsafe fn tile_rows(
         by_shape!(
             mr,
             nr.div_ceil(NR),
-            rows(kc, a, b, ps, c, cs, nr, first, pf, stream)
+            rows(kc, a, b, ps, bs, c, cs, nr, first, pf, stream)
         )
     }
 }
