@@ -687,7 +687,20 @@ unsafe fn blocked(
                 for (rows, first) in sets {
                     for ic in (0..rows.len()).step_by(MC) {
                         let rblk = &rows[ic..rows.len().min(ic + MC)];
-                        if !direct {
+                        // The wide tiles read a column-major `A` (a transposed activation in a
+                        // weight gradient) in place over consecutive steps and rows: each step
+                        // of a tile is six contiguous floats, as in a packed panel, and the
+                        // copy cost more than the reads it saves. One thread, hot, on a Zen 5
+                        // core: `A^T` of `512 x 128 x 128` 205 -> 253 GFLOP/s, of
+                        // `1024 x 256 x 256` 210 -> 243; the MoE step at 8 devices about the
+                        // same (in-process A/B 1.001; there the steps of `x^T dh` skip the
+                        // empty expert slots, so it still packs).
+                        let a_cols = wide
+                            && !direct
+                            && a.rs == 1
+                            && kidx[kc - 1] - kidx[0] == kc - 1
+                            && rblk[rblk.len() - 1] - rblk[0] == rblk.len() - 1;
+                        if !direct && !a_cols {
                             pack_a(rblk, kidx, a.ptr, a.rs, a.cs, pa);
                         }
                         for jr in (0..nc).step_by(width) {
@@ -746,10 +759,15 @@ unsafe fn blocked(
                                         avx2::tile_rows(kc, &arow, bp, &crow, c.cs, mr, nr, first);
                                     }
                                 } else {
-                                    let ap = pa[t * MR * kc..].as_ptr();
+                                    let (ap, ast) = if a_cols {
+                                        (a.ptr.add(tile[0] + kidx[0] * a.cs), a.cs)
+                                    } else {
+                                        (pa[t * MR * kc..].as_ptr(), MR)
+                                    };
                                     if wide {
                                         wide::tile(
-                                            kc, ap, bp, ps, &crow, c.cs, mr, nr, first, pf, stream,
+                                            kc, ap, ast, bp, ps, bs, &crow, c.cs, mr, nr, first,
+                                            pf, stream,
                                         );
                                     } else {
                                         avx2::tile(kc, ap, bp, &crow, c.cs, mr, nr, first);

@@ -256,18 +256,22 @@ macro_rules! by_shape {
     };
 }
 
-/// [`kernel`] on a packed A panel (step `p`, row `i` at `a[p * MR + i]`).
+/// [`kernel`] on `A`'s steps `ast` floats apart, each with the tile's rows side by side
+/// (step `p`, row `i` at `a[p * ast + i]`): a packed A panel (`ast = MR`) or a column-major
+/// `A` read in place (`ast` its column stride).
 ///
 /// # Safety
-/// As [`kernel`], with `kc * MR` floats readable at `a`.
+/// As [`kernel`], with `a[p * ast + i]` readable for `p < kc`, `i < R`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
 unsafe fn packed<const R: usize, const P: usize>(
     kc: usize,
     a: *const f32,
+    ast: usize,
     b: *const f32,
     ps: usize,
+    bs: usize,
     c: &[*mut f32; MR],
     cs: usize,
     nr: usize,
@@ -279,10 +283,10 @@ unsafe fn packed<const R: usize, const P: usize>(
     unsafe {
         kernel::<R, P>(
             kc,
-            |i, p| a.add(p * MR + i),
+            |i, p| a.add(p * ast + i),
             b,
             ps,
-            NR,
+            bs,
             c,
             cs,
             nr,
@@ -333,19 +337,23 @@ unsafe fn rows<const R: usize, const P: usize>(
     }
 }
 
-/// One `mr x nr` tile (`nr <= PANELS * NR`) from a packed A panel; B's panels `ps` apart.
+/// One `mr x nr` tile (`nr <= PANELS * NR`) from `A`'s steps `ast` apart (a packed panel:
+/// `MR`; a column-major `A` in place: its column stride); B's panels `ps` apart, its steps
+/// `bs` apart.
 ///
 /// # Safety
-/// As [`kernel`] with `R = mr` (`1 <= mr <= MR`), `P = nr.div_ceil(NR)`, `kc * MR` floats
-/// readable at `a`.
+/// As [`kernel`] with `R = mr` (`1 <= mr <= MR`), `P = nr.div_ceil(NR)`, `a[p * ast + i]`
+/// readable for `p < kc`, `i < mr`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn tile(
     kc: usize,
     a: *const f32,
+    ast: usize,
     b: *const f32,
     ps: usize,
+    bs: usize,
     c: &[*mut f32; MR],
     cs: usize,
     mr: usize,
@@ -359,7 +367,7 @@ pub(super) unsafe fn tile(
         by_shape!(
             mr,
             nr.div_ceil(NR),
-            packed(kc, a, b, ps, c, cs, nr, first, pf, stream)
+            packed(kc, a, ast, b, ps, bs, c, cs, nr, first, pf, stream)
         )
     }
 }
