@@ -81,16 +81,18 @@ const NC: usize = 1024;
 /// line between them, the panels' lines of one step fall in consecutive sets.
 const PANEL_PAD: usize = NR;
 
-/// The widest row stride (floats) at which the AVX-512 tiles read a row-major `B` in place
-/// rather than packed. Each tile streams its strip of `B` from L2 either way (a strip of
-/// 512 steps is 128 KiB), so the copy buys nothing while `B`'s rows lie at most 2 KiB
-/// apart: one thread, hot, on a Zen 5 core, `128 x 512 x 128` 240 -> 250 GFLOP/s,
-/// `128 x 128 x 512` 239 -> 252, `256 x 1024 x 256` 246 -> 251, 512^3 the same. At 4 KiB
-/// (a row per page) it loses: 1024^3 245 -> 236. A `B` with rows to check for finiteness
-/// (an `A` with all-zero rows, which are skipped) is packed, as the copy checks them: read
-/// in place after a checking pass, the cold weights of the MoE step's up-projections made
-/// the step ~1 % slower (in-process A/B); without the check the step is unchanged.
-const IN_PLACE_B_RS: usize = 512;
+/// The widest span (floats, steps times row stride) of a block of a row-major `B` that the
+/// AVX-512 tiles read in place rather than packed. Each tile streams its strip of `B` from
+/// L2 either way (a strip of 512 steps is 128 KiB), so the copy buys nothing while the
+/// strip, read in place, still fits L2's sets: its rows lie one stride apart, and a span
+/// over L2's 1 MiB maps them onto too few sets (1024^3, rows 4 KiB apart over 512 steps,
+/// loses ~4 %: 245 -> 236 GFLOP/s). One thread, hot, on a Zen 5 core: `128 x 512 x 128`
+/// 240 -> 250, `128 x 128 x 512` 239 -> 252, `256 x 1024 x 256` 244 -> 249, 512^3 the same.
+/// A `B` with rows to check for finiteness (an `A` with all-zero rows, which are skipped)
+/// is packed, as the copy checks them: read in place after a checking pass, the cold
+/// weights of the MoE step's up-projections made the step ~1 % slower (in-process A/B);
+/// without the check the step is unchanged.
+const IN_PLACE_B_SPAN: usize = 1 << 18;
 
 /// Floats from one packed `W`-wide panel of `B` to the next, for a block of `kc` steps:
 /// the `NR`-wide panels of the micro-kernels are padded ([`PANEL_PAD`]); the row-sparse
@@ -666,13 +668,13 @@ unsafe fn blocked(
                 // Finiteness only matters when there are dead rows to multiply or not.
                 let check = !dead.is_empty();
                 // The wide tiles read a row-major `B` over consecutive steps in place
-                // (whole 16-column panels, rows at most `IN_PLACE_B_RS` floats apart) where
-                // no finiteness check is needed: see `IN_PLACE_B_RS`.
+                // (whole 16-column panels, the block's rows spanning at most
+                // `IN_PLACE_B_SPAN` floats) where no finiteness check is needed: see there.
                 let b_rows = wide
                     && direct
                     && !check
                     && b.cs == 1
-                    && b.rs <= IN_PLACE_B_RS
+                    && kc * b.rs <= IN_PLACE_B_SPAN
                     && nc.is_multiple_of(NR)
                     && kidx[kc - 1] - kidx[0] == kc - 1;
                 let finite = if b_rows {
@@ -1664,7 +1666,7 @@ mod tests {
         // Irregular values, so that any change of the summation order shows in the bits;
         // partial tiles in both directions, several `KC` blocks, zero rows (skipped) and a
         // non-finite value (the dead rows multiplied after all); first without zeros, where
-        // the wide tiles read a row-major `B` of at most `IN_PLACE_B_RS` columns in place.
+        // the wide tiles read a row-major `B` in place (`IN_PLACE_B_SPAN`).
         let vals = |len: usize, seed: u64| -> Vec<f32> {
             let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
             (0..len)
@@ -1685,6 +1687,7 @@ mod tests {
             (1, 33, 600),
             (20, 80, 700),
             (9, 496, 64),
+            (20, 1104, 200),
         ] {
             let mut a = vals(m * k, 1);
             let mut b = vals(k * n, 2);
