@@ -7,6 +7,10 @@
 //! six broadcasts of `A` and twelve FMAs. On CPUs with AVX-512 the same packed panels are
 //! read four at a time by a `6 x 64` tile of sixteen-lane accumulators ([`wide`]: fewer
 //! instructions per FMA, the same bits; [`set_wide`] turns it off, for comparisons).
+//! The AVX-512 tiles skip the packing where it would only copy what they stream from L2
+//! anyway: a row-major `B` whose block spans at most 1 MiB (`IN_PLACE_B_SPAN`) and needs no
+//! finiteness check, and a column-major `A` over consecutive steps and rows (each step of
+//! a tile is then six contiguous floats, as in a packed panel).
 //! Packing reads any row/column strides, so a
 //! transposed operand costs nothing extra; the result is written through its own strides
 //! (a transposed result is free too, computed as `B^T A^T`, except on the row-sparse path
