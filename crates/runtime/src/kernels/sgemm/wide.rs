@@ -281,19 +281,8 @@ unsafe fn packed<const R: usize, const P: usize>(
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        kernel::<R, P>(
-            kc,
-            |i, p| a.add(p * ast + i),
-            b,
-            ps,
-            bs,
-            c,
-            cs,
-            nr,
-            first,
-            pf,
-            stream,
-        )
+        let a = |i: usize, p: usize| a.add(p * ast + i);
+        kernel::<R, P>(kc, a, b, ps, bs, c, cs, nr, first, pf, stream)
     }
 }
 
@@ -321,19 +310,8 @@ unsafe fn rows<const R: usize, const P: usize>(
     let r: [*const f32; R] = std::array::from_fn(|i| a[i]);
     // SAFETY: the caller's contract.
     unsafe {
-        kernel::<R, P>(
-            kc,
-            |i, p| r[i].add(p),
-            b,
-            ps,
-            bs,
-            c,
-            cs,
-            nr,
-            first,
-            pf,
-            stream,
-        )
+        let a = |i: usize, p: usize| r[i].add(p);
+        kernel::<R, P>(kc, a, b, ps, bs, c, cs, nr, first, pf, stream)
     }
 }
 
