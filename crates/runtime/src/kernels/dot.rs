@@ -1037,7 +1037,7 @@ fn gemm_strided<T: GemmFloat>(
         let (split_m, len, unit) = if m >= n {
             (true, m, sgemm::MR)
         } else {
-            (false, n, sgemm::NR)
+            (false, n, sgemm::tile_width())
         };
         let step = len.div_ceil(threads).div_ceil(unit) * unit;
         let part = |lo: usize, ahead: &[(*const f32, usize)]| {

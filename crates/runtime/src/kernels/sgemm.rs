@@ -255,8 +255,9 @@ fn wide_tiles() -> bool {
     WIDE.load(Ordering::Relaxed) && wide::available()
 }
 
-/// Columns of one dense tile: [`NR`], or [`wide::PANELS`] panels of it.
-fn tile_width() -> usize {
+/// Columns of one dense tile: [`NR`], or [`wide::PANELS`] panels of it (the unit in which
+/// `dot` splits a product's columns over threads).
+pub fn tile_width() -> usize {
     if wide_tiles() {
         NR * wide::PANELS
     } else {
@@ -619,7 +620,9 @@ unsafe fn blocked(
                 // A row-major A over consecutive steps is read in place, row by row (its
                 // block stays in L2 like a packed one); otherwise it is packed. `a0`: the
                 // block's first column of A.
-                let direct = compact_a || (a.cs == 1 && kidx[kc - 1] - kidx[0] == kc - 1);
+                // Whether the block's steps are consecutive (no zero steps left out).
+                let run = kidx[kc - 1] - kidx[0] == kc - 1;
+                let direct = compact_a || (a.cs == 1 && run);
                 let a0 = if compact_a { pc } else { kidx[0] };
                 // The row-sparse path needs B finite (it leaves out `0 * b`); a non-finite
                 // block is multiplied densely. B is read in place where its block is one
@@ -630,7 +633,7 @@ unsafe fn blocked(
                 // says) the rows must be exactly that: `nc` and the row stride 128.
                 // Otherwise it is packed.
                 let in_place_b = b.cs == 1
-                    && kidx[kc - 1] - kidx[0] == kc - 1
+                    && run
                     && if wide::available() {
                         nc == sparse::GROUP && b.rs == sparse::GROUP
                     } else {
@@ -680,12 +683,10 @@ unsafe fn blocked(
                     && b.cs == 1
                     && kc * b.rs <= IN_PLACE_B_SPAN
                     && nc.is_multiple_of(NR)
-                    && kidx[kc - 1] - kidx[0] == kc - 1;
-                let finite = if b_rows {
-                    !check || rows_finite(b.ptr.add(jc + kidx[0] * b.rs), b.rs, kc, nc)
-                } else {
-                    pack_b::<NR>(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb, check)
-                };
+                    && run;
+                // Unchecked (no dead rows), `B` counts as finite, as `pack_b` says then.
+                let finite =
+                    b_rows || pack_b::<NR>(kidx, nc, b.ptr.add(jc * b.cs), b.rs, b.cs, pb, check);
                 // Dead rows (already zero) are multiplied only against a non-finite
                 // block, accumulating, exactly as the dense product would.
                 let sets: [(&[usize], bool); 2] =
@@ -704,7 +705,7 @@ unsafe fn blocked(
                         let a_cols = wide
                             && !direct
                             && a.rs == 1
-                            && kidx[kc - 1] - kidx[0] == kc - 1
+                            && run
                             && rblk[rblk.len() - 1] - rblk[0] == rblk.len() - 1;
                         if !direct && !a_cols {
                             pack_a(rblk, kidx, a.ptr, a.rs, a.cs, pa);

@@ -145,18 +145,18 @@ unsafe fn prefetch_c<const P: usize>(c: &[*mut f32], cs: usize) {
 }
 
 /// The `R x 16P` micro-kernel: `C[tile] (=|+=) A · B` over `kc` steps, `A` row `i` of the
-/// tile at `a(i, p)` for step `p` (a packed panel or a row read in place), `B` panel `q`'s
-/// step `p` at `b + q * ps + p * bs` (packed: `bs = NR`; read in place: `ps = NR` and `bs`
-/// the row stride); writes the left `nr` columns of rows `c[..R]`,
-/// columns `cs` apart (`first`: overwrite, else accumulate). `pf = (address, lines)`: cache
+/// tile at `a(i, p)` for step `p` (a packed panel, a row read in place, or a column-major
+/// `A` read in place), `B` panel `q`'s step `p` at `b + q * ps + p * bs` (packed: `bs = NR`;
+/// read in place: `ps = NR` and `bs` the row stride); writes the left `nr` columns of rows
+/// `c[..R]`, columns `cs` apart (`first`: overwrite, else accumulate). `pf = (address, lines)`: cache
 /// lines to fetch for later (see `Fetch`), one per step rather than all before the tile: a
 /// burst of a few dozen fetches that miss to memory fills the core's miss buffers and stalls
 /// the tile until they drain (the fetch loop took ~4 % of an MoE step's samples).
 ///
 /// # Safety
 /// AVX-512F; every `a(i, p)` (`i < R`, `p < kc`) readable; the `NR` floats at
-/// `b + q * ps + p * bs` readable for `q < P`, `p < kc`; the `R x nr` elements `c[i] + j*cs` writable and touched
-/// by no other thread. `stream`: write a whole, line-aligned first tile with
+/// `b + q * ps + p * bs` readable for `q < P`, `p < kc`; the `R x nr` elements
+/// `c[i] + j*cs` writable and touched by no other thread. `stream`: write a whole, line-aligned first tile with
 /// non-temporal stores (the caller fences them).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
