@@ -1,7 +1,8 @@
 //! The executor through the binary: `gshard bench moe-layer --json` prints one JSON object
 //! with the benchmark fields (collective bytes equal to the analytic all-to-all count),
-//! `gshard bench probe --json` the cores' probe rates, and `gshard run --profile` writes a
-//! Chrome trace with one track per device.
+//! `gshard bench probe --json` the cores' probe rates, `gshard bench gemm --json` each
+//! product's share of the FMA peak (and a clear error for a malformed shape), and
+//! `gshard run --profile` writes a Chrome trace with one track per device.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -51,6 +52,65 @@ fn bench_probe_prints_both_rates_where_the_cpu_runs_them() {
     // The text form names both probes.
     let text = gshard(&["bench", "probe"]);
     assert!(text.contains("FMA") && text.contains("GEMM"), "{text}");
+}
+
+#[test]
+fn bench_gemm_prints_each_products_share_of_the_peak() {
+    let args = [
+        "bench",
+        "gemm",
+        "--shapes",
+        "24x40x16,t30x20x50",
+        "--pairs",
+        "3",
+        "--burst-ms",
+        "1",
+        "--json",
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_gshard"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !has_fma() {
+        // No kernel to measure: an error that says why, not a panic.
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("AVX2"), "{err}");
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for (v, (shape, t)) in rows.iter().zip([("24x40x16", false), ("t30x20x50", true)]) {
+        assert_eq!(v["shape"], shape, "{v}");
+        assert_eq!(v["a_transposed"], t, "{v}");
+        let share = v["share_of_peak"].as_f64().unwrap();
+        assert!(share > 0.0 && share < 2.0, "{v}");
+        assert!(v["share_q1"].as_f64().unwrap() <= share, "{v}");
+        assert!(v["share_q3"].as_f64().unwrap() >= share, "{v}");
+        assert!(v["gemm_gflops"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["sampled_error"].as_f64().unwrap() < 1e-4, "{v}");
+        assert_eq!(v["pairs"], 3, "{v}");
+    }
+    assert_eq!(rows[1]["m"], 30, "t30x20x50 is m = 30");
+    assert_eq!(rows[1]["k"], 50, "t30x20x50 is k = 50");
+    // A malformed shape names the entry and the form expected.
+    let bad = Command::new(env!("CARGO_BIN_EXE_gshard"))
+        .args(["bench", "gemm", "--shapes", "64x0x64"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("\"64x0x64\"") && err.contains("MxNxK"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -16,6 +16,11 @@
 //!   one fixed product whose operands, result and packed panels stay in a 512 KiB L2
 //!   ([`GEMM_SHAPE`]): the rate of the kernel the expert GEMMs run, with its loads from L1
 //!   and L2, so a spell that slows the caches shows there.
+//! - [`gemm_against_peak`]: a dense product through the executor's `dot` on one thread,
+//!   timed in bursts that alternate with bursts of the FMA chains ([`fma_burst_wide`] where
+//!   the CPU has AVX-512F, else [`fma_burst`]): each pair's GEMM rate over its own peak, so
+//!   the share of the peak is read at one clock and one tenancy, not across a host's
+//!   drifts (the probe's rate moves by several per cent from minute to minute here).
 
 /// Independent FMA chains of the probe.
 pub const CHAINS: usize = 10;
@@ -118,6 +123,131 @@ pub fn gemm_gflops(seconds: f64) -> Option<f64> {
     Some((products * 2 * m * n * k) as f64 / secs / 1e9)
 }
 
+/// A dense product's rate against the FMA peak, measured in alternating bursts
+/// ([`gemm_against_peak`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PairedGemm {
+    /// Medians over the pairs: the FMA chains' rate and the product's, GFLOP/s.
+    pub peak_gflops: f64,
+    pub gemm_gflops: f64,
+    /// The median, lower and upper quartiles of the pairs' `gemm / peak`.
+    pub share: f64,
+    pub share_q1: f64,
+    pub share_q3: f64,
+    pub pairs: usize,
+    /// Whether the peak is the sixteen-lane one ([`fma_burst_wide`]).
+    pub wide: bool,
+    /// The largest difference between the product and an f64 sum, over sampled entries of
+    /// `C` (a check that the timed call computed the product).
+    pub sampled_error: f64,
+}
+
+/// `C = A B` for an `m x k` `A` (stored `k x m` when `a_transposed`: a weight gradient's
+/// `x^T dy`) and a `k x n` `B`, through the executor's [`crate::kernels::dot::dot`] on a
+/// one-thread pool, timed in `pairs` pairs of bursts of about `burst_seconds` each: the FMA
+/// chains (sixteen lanes where the CPU has AVX-512F, which is the peak of a core with
+/// 512-bit FMA units; eight elsewhere), then the product, repeated. `None` on a CPU without
+/// AVX2 and FMA, or for an empty shape. Operands are in `[-0.5, 0.5)` without zeros (the
+/// kernel would skip zero rows) and stay in cache between products, as in the criterion
+/// benches: the figure is the kernel's, not the memory's.
+pub fn gemm_against_peak(
+    m: usize,
+    n: usize,
+    k: usize,
+    a_transposed: bool,
+    pairs: usize,
+    burst_seconds: f64,
+) -> Option<PairedGemm> {
+    use crate::kernels::dot::{dot, DotPlan};
+    use crate::tensor::Data;
+    fma_burst(0)?;
+    if m == 0 || n == 0 || k == 0 || pairs == 0 {
+        return None;
+    }
+    let wide = fma_burst_wide(0).is_some();
+    let lanes = if wide { 16 } else { 8 };
+    let peak_burst = || {
+        let steps = std::hint::black_box(BURST);
+        if wide {
+            fma_burst_wide(steps)
+        } else {
+            fma_burst(steps)
+        }
+    };
+    let fill = |len: usize, seed: usize| -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 1000.0 - 0.5 + 1e-4)
+            .collect()
+    };
+    let (ls, contract) = if a_transposed {
+        (vec![k, m], 0)
+    } else {
+        (vec![m, k], 1)
+    };
+    let rs = vec![k, n];
+    let plan = DotPlan::new(
+        &ls,
+        &rs,
+        &ir::DotDims::new(vec![], vec![], vec![contract], vec![0]),
+    );
+    let (a, b) = (Data::F32(fill(m * k, 1)), Data::F32(fill(k * n, 2)));
+    let mut c = Data::F32(vec![0.0; m * n]);
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .ok()?;
+    let (mut peaks, mut rates, mut shares) = (Vec::new(), Vec::new(), Vec::new());
+    one.install(|| {
+        dot(&plan, &ls, &a, &rs, &b, &mut c);
+        for _ in 0..pairs {
+            let (bursts, secs) = repeat_for(burst_seconds, || {
+                std::hint::black_box(peak_burst());
+            });
+            let peak = (bursts * BURST * CHAINS * lanes * 2) as f64 / secs / 1e9;
+            let (products, secs) = repeat_for(burst_seconds, || {
+                dot(&plan, &ls, &a, &rs, &b, &mut c);
+            });
+            let rate = (products * 2 * m * n * k) as f64 / secs / 1e9;
+            peaks.push(peak);
+            rates.push(rate);
+            shares.push(rate / peak);
+        }
+    });
+    let (Data::F32(a), Data::F32(b), Data::F32(c)) = (&a, &b, &c) else {
+        unreachable!("f32 operands")
+    };
+    let a_at = |i: usize, p: usize| {
+        if a_transposed {
+            a[p * m + i]
+        } else {
+            a[i * k + p]
+        }
+    };
+    let sampled_error = (0..16)
+        .map(|s| {
+            let (i, j) = ((s * 7 + 3) % m, (s * 13 + 5) % n);
+            let want: f64 = (0..k)
+                .map(|p| a_at(i, p) as f64 * b[p * n + j] as f64)
+                .sum();
+            (c[i * n + j] as f64 - want).abs()
+        })
+        .fold(0.0, f64::max);
+    let at = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * q).round() as usize]
+    };
+    Some(PairedGemm {
+        peak_gflops: at(&mut peaks, 0.5),
+        gemm_gflops: at(&mut rates, 0.5),
+        share: at(&mut shares, 0.5),
+        share_q1: at(&mut shares, 0.25),
+        share_q3: at(&mut shares, 0.75),
+        pairs,
+        wide,
+        sampled_error,
+    })
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::CHAINS;
@@ -210,6 +340,28 @@ mod tests {
         if let (Some(w), Some(n)) = (got, super::fma_burst(100)) {
             assert_eq!(w.to_bits(), n.to_bits(), "{w} against {n}");
         }
+    }
+
+    /// The paired measurement runs exactly where the kernel does, reports the product's
+    /// share of the peak between the quartiles, and multiplies correctly on both layouts
+    /// of `A` (its sampled entries against f64 sums).
+    #[test]
+    fn the_paired_gemm_measurement_reports_a_share_of_the_peak() {
+        for t in [false, true] {
+            let got = super::gemm_against_peak(13, 40, 21, t, 3, 0.002);
+            assert_eq!(got.is_some(), has_avx2_fma());
+            let Some(g) = got else { continue };
+            assert_eq!(g.pairs, 3);
+            assert!(g.peak_gflops > 1.6 && g.peak_gflops.is_finite(), "{g:?}");
+            assert!(g.gemm_gflops > 0.0 && g.gemm_gflops.is_finite(), "{g:?}");
+            assert!(g.share_q1 <= g.share && g.share <= g.share_q3, "{g:?}");
+            // A core never multiplies faster than its FMA units (a margin for a burst
+            // that caught a slow spell of the peak's).
+            assert!(g.share > 0.0 && g.share < 2.0, "{g:?}");
+            assert!(g.sampled_error < 1e-4, "{g:?}");
+        }
+        assert_eq!(super::gemm_against_peak(0, 4, 4, false, 3, 0.001), None);
+        assert_eq!(super::gemm_against_peak(4, 4, 4, false, 0, 0.001), None);
     }
 
     /// The GEMM probe reports a positive, finite rate exactly where the micro-kernel runs

@@ -18,6 +18,11 @@
 //! each (null where a probe does not run on this CPU), to tag another program's runs the
 //! way `moe-layer` tags its own (`bench/compare_jax.sh` runs it around the JAX anchor).
 //!
+//! `gemm`: dense products through the executor's `dot` on one thread, each timed in bursts
+//! that alternate with bursts of the FMA chains, so its share of the core's FMA peak is
+//! read pair by pair at one clock ([`runtime::probe::gemm_against_peak`]); the issue's
+//! dense-GEMM figure. `--shapes` takes `MxNxK` (`tMxNxK`: `A` stored transposed).
+//!
 //! `partition`: builds one transformer-sized MoE training step (forward + backward) once,
 //! then propagates and partitions it for 2, 8, 64, 512 and 2048 devices (mesh `expert=N`;
 //! experts and groups are 2048 so every count divides) and reports the median time of each.
@@ -49,6 +54,30 @@ enum What {
     /// The cores' FMA and GEMM rates now (the probes `moe-layer` runs around its steps), to
     /// tag another program's runs on a shared host.
     Probe(ProbeArgs),
+    /// Dense GEMM rates on one thread against the core's FMA peak, measured in alternating
+    /// bursts (each product's share of the peak at one clock).
+    Gemm(GemmArgs),
+}
+
+#[derive(clap::Args)]
+pub struct GemmArgs {
+    /// Products as `MxNxK` (`C` is `M x N`, `K` summed); a leading `t` stores `A`
+    /// transposed (`K x M`, a weight gradient's `x^T dy`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "512x512x512,1024x1024x1024,256x1024x256,256x256x1024,128x512x128,128x128x512,t512x128x128"
+    )]
+    shapes: Vec<String>,
+    /// Pairs of bursts per product (medians and quartiles are over these).
+    #[arg(long, default_value_t = 30)]
+    pairs: usize,
+    /// Milliseconds per burst.
+    #[arg(long, default_value_t = 10.0)]
+    burst_ms: f64,
+    /// One JSON object per product.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -123,7 +152,95 @@ pub fn main(a: Args) -> Result<()> {
         What::MoeLayer(m) => moe_layer(m),
         What::Collectives(c) => crate::cmd::bench_comm::main(c),
         What::Probe(p) => probe(p),
+        What::Gemm(g) => gemm(g),
     }
+}
+
+/// `(m, n, k, a_transposed)` of a `--shapes` entry: `MxNxK`, or `tMxNxK` with `A` stored
+/// transposed.
+fn parse_gemm_shape(s: &str) -> Result<(usize, usize, usize, bool)> {
+    let (t, dims) = match s.strip_prefix('t') {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let parts: Vec<&str> = dims.split('x').collect();
+    let bad = || {
+        anyhow::anyhow!(
+            "--shapes entry {s:?}: expected MxNxK of positive integers (e.g. 512x512x512), \
+             with a leading t for A stored transposed (t512x128x128)"
+        )
+    };
+    if parts.len() != 3 {
+        return Err(bad());
+    }
+    let mut d = [0usize; 3];
+    for (x, p) in d.iter_mut().zip(&parts) {
+        *x = p.parse().map_err(|_| bad())?;
+        if *x == 0 {
+            return Err(bad());
+        }
+    }
+    Ok((d[0], d[1], d[2], t))
+}
+
+/// `gshard bench gemm`: each product's share of the FMA peak, pair by pair.
+fn gemm(a: GemmArgs) -> Result<()> {
+    let shapes: Vec<_> = a
+        .shapes
+        .iter()
+        .map(|s| parse_gemm_shape(s))
+        .collect::<Result<_>>()?;
+    if a.pairs == 0 || !(a.burst_ms > 0.0 && a.burst_ms.is_finite()) {
+        bail!("--pairs must be at least 1 and --burst-ms a positive number of milliseconds");
+    }
+    if !a.json {
+        println!(
+            "{:>16} {:>10} {:>10} {:>8} {:>15}",
+            "m x n x k", "GFLOP/s", "peak", "share", "quartiles"
+        );
+    }
+    for (name, &(m, n, k, t)) in a.shapes.iter().zip(&shapes) {
+        let Some(g) = runtime::probe::gemm_against_peak(m, n, k, t, a.pairs, a.burst_ms / 1e3)
+        else {
+            bail!("the GEMM kernel does not run on this CPU (it needs AVX2 and FMA)");
+        };
+        if a.json {
+            println!(
+                "{}",
+                json!({
+                    "shape": name, "m": m, "n": n, "k": k, "a_transposed": t,
+                    "gemm_gflops": g.gemm_gflops, "peak_gflops": g.peak_gflops,
+                    "peak_lanes": if g.wide { 16 } else { 8 },
+                    "share_of_peak": g.share, "share_q1": g.share_q1, "share_q3": g.share_q3,
+                    "pairs": g.pairs, "sampled_error": g.sampled_error,
+                })
+            );
+        } else {
+            println!(
+                "{:>16} {:>10.1} {:>10.1} {:>7.1}% {:>7.1}-{:.1}%",
+                name,
+                g.gemm_gflops,
+                g.peak_gflops,
+                100.0 * g.share,
+                100.0 * g.share_q1,
+                100.0 * g.share_q3
+            );
+        }
+    }
+    if !a.json {
+        println!(
+            "one thread, operands in cache; peak: FMA chains of {} lanes, timed in bursts \
+             alternating with the product's ({} pairs of {} ms)",
+            if runtime::probe::fma_burst_wide(0).is_some() {
+                16
+            } else {
+                8
+            },
+            a.pairs,
+            a.burst_ms
+        );
+    }
+    Ok(())
 }
 
 /// `gshard bench probe`: each probe once on every pool thread at once, the lowest rate of

@@ -844,16 +844,22 @@ fn sparse_terms<T: GemmFloat>(x: &[T], view: &View, lhs: bool) -> Option<Vec<Vec
 fn sampled_dense<T: GemmFloat>(x: &[T]) -> bool {
     const RUNS: usize = 64;
     const RUN: usize = 64;
-    let count = |xs: &[T]| {
-        xs.iter()
-            .fold(0usize, |n, &v| n + usize::from(v != T::ZERO))
-    };
-    if x.len() <= RUNS * RUN {
-        return 5 * count(x) > x.len();
-    }
-    let step = x.len() / RUNS;
-    let hits: usize = (0..RUNS).map(|i| count(&x[i * step..i * step + RUN])).sum();
-    hits > RUNS * RUN / 5
+    // Counted on AVX2 registers where the CPU has them: on a dense operand the sample is
+    // all the scan does, ~1 % of a 128 x 128 x 512 product's time on the baseline's
+    // four-lane compares.
+    with_avx2(
+        #[inline(always)]
+        || {
+            let count =
+                |xs: &[T]| xs.iter().fold(0u32, |n, &v| n + u32::from(v != T::ZERO)) as usize;
+            if x.len() <= RUNS * RUN {
+                return 5 * count(x) > x.len();
+            }
+            let step = x.len() / RUNS;
+            let hits: usize = (0..RUNS).map(|i| count(&x[i * step..i * step + RUN])).sum();
+            hits > RUNS * RUN / 5
+        },
+    )
 }
 
 /// The largest `|x|`, or `None` when some value is not finite: one pass, vectorised.
