@@ -41,7 +41,10 @@
 //!   ([`kernels::dot::Support`]): the MoE layer's mask and combine weights are scanned once
 //!   for the dispatch, the combine and both their gradients. The masks of summed masked
 //!   dots get theirs as soon as they are computed, while in cache, and the masked dot
-//!   walks it in the backward pass instead of scanning the cold masks.
+//!   walks it in the backward pass instead of scanning the cold masks. Such a mask whose
+//!   other readers are done (the gating masks after the combine weights' group) is
+//!   released then, when its support was found: the sums read the support alone
+//!   ([`Executable::sparse_releases`]), and the buffer is not held to the backward pass.
 //! - *Indicator reads*: a group `convert(x != 0)` read only by plain dots is not computed;
 //!   the dots read `x` as an indicator ([`indicator_dots`], `DotPlan::read_indicator`):
 //!   their sparse walk over that side takes `x`'s non-zeros (its shared support) with the
@@ -211,6 +214,10 @@ struct Step {
     reads: Vec<usize>,
     /// Buffer classes (root values) released after this step.
     frees: Vec<usize>,
+    /// `(class, support key)`: masks of summed masked dots whose later readers are only
+    /// those sums, released after this step when the run has found their support (the
+    /// sums then walk it instead of the mask; see [`Dev::release`]).
+    frees_sparse: Vec<(usize, usize)>,
     label: String,
     cat: &'static str,
 }
@@ -1007,6 +1014,7 @@ fn fuse_dot_epilogues(p: &Program, steps: &mut Vec<Step>) {
             },
             reads,
             frees: Vec::new(),
+            frees_sparse: Vec::new(),
             label: format!("{} +{}", steps[d].label, steps[j].label),
             cat: "dot",
         };
@@ -1170,6 +1178,7 @@ impl Executable {
                 kind,
                 reads,
                 frees: Vec::new(),
+                frees_sparse: Vec::new(),
                 label,
                 cat,
             };
@@ -1451,6 +1460,41 @@ impl Executable {
                 }
             }
         }
+        // A mask with an eager support whose readers after some step are only summed
+        // masked dots (the gating masks, read in the forward pass by the combine weights'
+        // group and in the backward one by the sums of their gradient) is released after
+        // that step when its support was found: the sums read the support alone, and its
+        // buffer goes back to the pool while in cache (the small MoE layer's two masks,
+        // 512 KiB per device, were otherwise held from the forward pass to the backward).
+        // In-process A/B on the small layer: 1.0047 and 1.0033 at 8 devices, 1.0075 at 1;
+        // resident bytes per device 7.88 -> 7.38 MiB (the peak comes earlier in the step).
+        let mut last_dense: Vec<usize> = vec![0; n];
+        for (si, s) in steps.iter().enumerate() {
+            for v in std::iter::once(s.instr).chain(s.also) {
+                last_dense[class[v]] = last_dense[class[v]].max(si);
+            }
+            let sums = matches!(s.kind, Kind::MaskedDotSums { .. });
+            for (q, &r) in s.reads.iter().enumerate() {
+                let only_mask =
+                    sums && q >= 2 && s.reads[..2].iter().all(|&x| class[x] != class[r]);
+                if !only_mask {
+                    last_dense[class[r]] = last_dense[class[r]].max(si);
+                }
+            }
+        }
+        for v in 0..n {
+            let c = class[v];
+            if eager_support[v]
+                && last_read[c] != usize::MAX
+                && last_dense[c] < last_read[c]
+                && !steps[last_dense[c]]
+                    .frees_sparse
+                    .iter()
+                    .any(|&(x, _)| x == c)
+            {
+                steps[last_dense[c]].frees_sparse.push((c, support_of[v]));
+            }
+        }
         let mut segments = Vec::new();
         let mut start = 0;
         for (si, s) in steps.iter().enumerate() {
@@ -1558,6 +1602,12 @@ impl Executable {
         (0..self.class.len())
             .filter(|&v| self.support_of[v] != self.class[v])
             .count()
+    }
+
+    /// Number of masks released before their last reader when a run finds their support
+    /// (their later readers are summed masked dots; see the module docs).
+    pub fn sparse_releases(&self) -> usize {
+        self.steps.iter().map(|s| s.frees_sparse.len()).sum()
     }
 
     /// Number of dot operands read as indicators, `convert(x != 0)` computed by no step
@@ -2090,20 +2140,33 @@ impl Dev<'_> {
         self.vals[v].as_ref().expect("operands are live").data()
     }
 
-    /// Release the buffer classes whose last reader is step `si`.
+    /// Release the buffer classes whose last reader is step `si`, and the masks whose
+    /// remaining readers walk their support where this run found it ([`Step::frees_sparse`];
+    /// a mask found dense stays until its last reader).
     fn release(&mut self, exe: &Executable, si: usize) {
         for &c in &exe.steps[si].frees {
-            let buf = self.vals[c].take();
-            for &m in &exe.members[c] {
-                self.vals[m] = None;
+            self.free_class(exe, c);
+        }
+        for &(c, key) in &exe.steps[si].frees_sparse {
+            if matches!(self.supports.get(&key), Some((Some(_), scanned)) if *scanned == c) {
+                self.free_class(exe, c);
             }
-            let Some(buf) = buf else { continue };
-            let b = bytes(buf.data());
-            self.live -= b;
-            if let Buf::Own(a) = buf {
-                if let Ok(d) = Arc::try_unwrap(a) {
-                    self.recycle(d);
-                }
+        }
+    }
+
+    /// Drop buffer class `c` (its root and aliases) and give its buffer to the pool when
+    /// nothing else holds it (nothing, if it is released already).
+    fn free_class(&mut self, exe: &Executable, c: usize) {
+        let buf = self.vals[c].take();
+        for &m in &exe.members[c] {
+            self.vals[m] = None;
+        }
+        let Some(buf) = buf else { return };
+        let b = bytes(buf.data());
+        self.live -= b;
+        if let Buf::Own(a) = buf {
+            if let Ok(d) = Arc::try_unwrap(a) {
+                self.recycle(d);
             }
         }
     }
@@ -2376,8 +2439,16 @@ impl Dev<'_> {
                         _ => None,
                     }
                 }
-                let masks: Option<Vec<&[f32]>> =
-                    terms.iter().map(|&(v, _)| f32s(self.data(v))).collect();
+                // A mask released early ([`Step::frees_sparse`]) reads as empty: its
+                // support stands for it.
+                let masks: Option<Vec<&[f32]>> = terms
+                    .iter()
+                    .map(|&(v, _)| {
+                        self.vals[v]
+                            .as_ref()
+                            .map_or(Some(&[][..]), |b| f32s(b.data()))
+                    })
+                    .collect();
                 let (lv, rv) = (f32s(self.data(l)), f32s(self.data(r)));
                 let (Some(masks), Some(lv), Some(rv)) = (masks, lv, rv) else {
                     unreachable!("masked dots are f32")
@@ -2411,10 +2482,21 @@ impl Dev<'_> {
                             unreachable!("masked dots are f32")
                         };
                         for (o, &(v, _)) in outs.iter_mut().zip(terms) {
-                            let (Data::F32(o), Some(mask)) = (o, f32s(self.data(v))) else {
+                            let Data::F32(o) = o else {
                                 unreachable!("masked dot sums are f32")
                             };
-                            masked_row_sums(plan.n, pv, mask, o);
+                            match self.vals[v].as_ref().map(Buf::data) {
+                                Some(Data::F32(mask)) => masked_row_sums(plan.n, pv, mask, o),
+                                Some(_) => unreachable!("masked dot sums are f32"),
+                                // Released early: the mask again, from its support.
+                                None => {
+                                    let sup = match self.supports.get(&exe.support_of[v]) {
+                                        Some((Some(sup), _)) => sup,
+                                        _ => unreachable!("released only with its support"),
+                                    };
+                                    masked_row_sums(plan.n, pv, &sup.dense(), o);
+                                }
+                            }
                         }
                         self.free_temp(prod);
                     }

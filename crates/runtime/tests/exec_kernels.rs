@@ -1632,6 +1632,10 @@ fn masked_dots_give_the_sums_of_the_dense_product() {
         ins
     };
     let exe = Executable::new(&p).unwrap();
+    // Both masks are read by nothing but the sums: released as soon as loaded, where
+    // their supports are found, the sums (and the dense fallback) read those instead.
+    assert_eq!(exe.sparse_releases(), 2);
+    assert_eq!(Executable::new(&apart).unwrap().sparse_releases(), 0);
     for (case, ins, masked) in [
         ("one-hot masks", &base, true),
         ("dense masks", &dense_masks, false),

@@ -211,6 +211,16 @@ impl Support {
         })
     }
 
+    /// The f32 buffer it was found on, again: its values at its positions, zeros
+    /// elsewhere (an f32 value round-trips through the f64 kept exactly).
+    pub fn dense(&self) -> Vec<f32> {
+        let mut x = vec![0.0f32; self.of_len];
+        for (&q, &v) in self.pos.iter().zip(&self.vals) {
+            x[q as usize] = v as f32;
+        }
+        x
+    }
+
     /// Whether it was found on a buffer of `len` elements.
     fn fits(&self, len: usize) -> bool {
         self.of_len == len
@@ -1806,17 +1816,30 @@ pub fn dot_masked_sums(
     sums: &mut [&mut [f32]],
 ) -> Option<usize> {
     let (b, m, n) = (p.b, p.m, p.n);
+    let len = b * m * n;
     assert!(!p.transposed, "row sums need the untransposed result");
     assert_eq!(masks.len(), sums.len());
     assert_eq!(masks.len(), sups.len());
-    // A mask's support stands for its scan only when found on a buffer of its length (the
-    // untransposed result is row-major `[b, m, n]`, as the masks are read).
+    // A mask's support stands for its scan only when found on a buffer of the result's
+    // length (the untransposed result is row-major `[b, m, n]`, as the masks are read); an
+    // empty mask is given by its support alone (its buffer released: the executor's
+    // `frees_sparse`). A mask with a support is sparse (a support is found only on a
+    // buffer at most a tenth non-zero), so it is not sampled.
     let sups: Vec<Option<&Support>> = sups
         .iter()
         .zip(masks)
-        .map(|(s, x)| s.filter(|s| s.fits(x.len())))
+        .map(|(s, x)| s.filter(|s| s.fits(len) && (x.is_empty() || x.len() == len)))
         .collect();
-    if !masked_applies(p, l, r, masks, b * m * n) || sums.iter().any(|s| s.len() != b * m) {
+    let masks_sparse = masks
+        .iter()
+        .zip(&sups)
+        .all(|(x, s)| s.is_some() || (!x.is_empty() && x.len() == len && !sampled_dense(x)));
+    if masks.is_empty()
+        || len * p.k == 0
+        || !masks_sparse
+        || !operands_bounded(p, l, r)
+        || sums.iter().any(|s| s.len() != b * m)
+    {
         return None;
     }
     // Each batch entry's sums (`masks.len()` runs of `m`), placed after the walk.
@@ -1969,10 +1992,16 @@ fn masked_applies(p: &DotPlan, l: &[f32], r: &[f32], masks: &[&[f32]], len: usiz
     {
         return false;
     }
+    operands_bounded(p, l, r)
+}
+
+/// Whether both operands are finite and `K * max|lhs| * max|rhs|` (twice, for rounding)
+/// is inside f32: every value of the product is then finite.
+fn operands_bounded(p: &DotPlan, l: &[f32], r: &[f32]) -> bool {
     let (Some(ml), Some(mr)) = (max_abs_finite(l), max_abs_finite(r)) else {
         return false;
     };
-    (2.0 * k as f64 * ml as f64 * mr as f64) < f32::MAX as f64
+    (2.0 * p.k as f64 * ml as f64 * mr as f64) < f32::MAX as f64
 }
 
 /// Run `entry(bb, value, tick)` for every batch entry (in parallel when large):
