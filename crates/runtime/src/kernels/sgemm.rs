@@ -726,8 +726,7 @@ unsafe fn blocked(
                             // paired with the FMA peak: 512^3 86.7 -> 87.4 % of the peak,
                             // `254 x 256 x 256` 85.5 -> 86.0 %.
                             let split = wide && (direct || a_cols);
-                            let tiles = row_tiles(rblk.len(), split);
-                            for (t, rows) in tiles.clone().enumerate() {
+                            for (t, rows) in row_tiles(rblk.len(), split).enumerate() {
                                 let tile = &rblk[rows];
                                 // The wide kernel spreads its share of the fetches over its
                                 // steps; the AVX2 one takes them before the tile.
@@ -746,7 +745,7 @@ unsafe fn blocked(
                                 // no gain on the Zen 3).
                                 #[cfg(target_arch = "x86_64")]
                                 if direct && jr == 0 {
-                                    let next = tiles.clone().nth(t + 1).unwrap_or(0..0);
+                                    let next = row_tile(rblk.len(), split, t + 1).unwrap_or(0..0);
                                     for &i in &rblk[next] {
                                         let row = a.ptr.add(i * a.rs + a0);
                                         for l in (0..kc).step_by(16) {
@@ -809,19 +808,24 @@ unsafe fn blocked(
 /// The row ranges of a block's tiles over `rows` rows: `MR` each and a shorter last one,
 /// or (`split_tail`, with a last tile of one or two rows after a full one) the last
 /// `MR + 1` or `MR + 2` rows as two tiles, four rows and the rest.
-fn row_tiles(rows: usize, split_tail: bool) -> impl Iterator<Item = Range<usize>> + Clone {
+fn row_tiles(rows: usize, split_tail: bool) -> impl Iterator<Item = Range<usize>> {
+    (0..).map_while(move |t| row_tile(rows, split_tail, t))
+}
+
+/// Tile `t` of [`row_tiles`], or `None` past the last.
+fn row_tile(rows: usize, split_tail: bool, t: usize) -> Option<Range<usize>> {
     let (full, rest) = (rows / MR, rows % MR);
     let split = split_tail && full >= 1 && (rest == 1 || rest == 2);
-    let count = rows.div_ceil(MR);
-    (0..count).map(move |t| {
-        let start = t * MR;
-        if split && t + 1 == full {
-            start..start + 4
-        } else if split && t == full {
-            start - MR + 4..rows
-        } else {
-            start..(start + MR).min(rows)
-        }
+    let start = t * MR;
+    if start >= rows {
+        return None;
+    }
+    Some(if split && t + 1 == full {
+        start..start + 4
+    } else if split && t == full {
+        start - MR + 4..rows
+    } else {
+        start..(start + MR).min(rows)
     })
 }
 
