@@ -111,6 +111,16 @@ fn bench_gemm_prints_each_products_share_of_the_peak() {
         !bad.status.success() && err.contains("\"64x0x64\"") && err.contains("MxNxK"),
         "{err}"
     );
+    // A shape too large to allocate is refused by name, not attempted.
+    let huge = Command::new(env!("CARGO_BIN_EXE_gshard"))
+        .args(["bench", "gemm", "--shapes", "1000000x1000000x1000000"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&huge.stderr);
+    assert!(
+        !huge.status.success() && err.contains("GiB") && err.contains("1000000x"),
+        "{err}"
+    );
 }
 
 #[test]

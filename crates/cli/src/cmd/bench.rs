@@ -180,6 +180,17 @@ fn parse_gemm_shape(s: &str) -> Result<(usize, usize, usize, bool)> {
             return Err(bad());
         }
     }
+    // The three operands, f32: refuse what cannot be allocated rather than abort.
+    const MAX_BYTES: u128 = 8 << 30;
+    let [m, n, k] = d.map(|x| x as u128);
+    let need = 4 * (m * k + k * n + m * n);
+    if need > MAX_BYTES {
+        bail!(
+            "--shapes entry {s:?}: its operands need {:.1} GiB; at most {} GiB are allowed",
+            need as f64 / (1u64 << 30) as f64,
+            MAX_BYTES >> 30
+        );
+    }
     Ok((d[0], d[1], d[2], t))
 }
 
