@@ -45,6 +45,9 @@
 //!   other readers are done (the gating masks after the combine weights' group) is
 //!   released then, when its support was found: the sums read the support alone
 //!   ([`Executable::sparse_releases`]), and the buffer is not held to the backward pass.
+//!   Likewise an f32 value whose later readers are plain dots, once a sparse product found
+//!   its support (the combine weights): those dots take it by its support alone
+//!   ([`dot_known`]), rebuilding it where their path reads it densely.
 //! - *Indicator reads*: a group `convert(x != 0)` read only by plain dots is not computed;
 //!   the dots read `x` as an indicator ([`indicator_dots`], `DotPlan::read_indicator`):
 //!   their sparse walk over that side takes `x`'s non-zeros (its shared support) with the
@@ -214,9 +217,9 @@ struct Step {
     reads: Vec<usize>,
     /// Buffer classes (root values) released after this step.
     frees: Vec<usize>,
-    /// `(class, support key)`: masks of summed masked dots whose later readers are only
-    /// those sums, released after this step when the run has found their support (the
-    /// sums then walk it instead of the mask; see [`Dev::release`]).
+    /// `(class, support key)`: values whose later readers are only summed masked dots (as
+    /// masks) or plain dots, released after this step when the run has found their support
+    /// (those readers then take them by the support alone; see [`Dev::release`]).
     frees_sparse: Vec<(usize, usize)>,
     label: String,
     cat: &'static str,
@@ -1469,22 +1472,45 @@ impl Executable {
         // In-process A/B on the small layer: 1.0047 and 1.0033 at 8 devices, 1.0075 at 1;
         // resident bytes per device 7.88 -> 7.38 MiB (the peak comes earlier in the step).
         let mut last_dense: Vec<usize> = vec![0; n];
+        // The first plain dot reading each class: where a sparse product may find its
+        // support, before which nothing is released.
+        let mut first_dot: Vec<usize> = vec![usize::MAX; n];
         for (si, s) in steps.iter().enumerate() {
+            if matches!(s.kind, Kind::Dot(_)) {
+                for &r in s.reads.iter().take(2) {
+                    first_dot[class[r]] = first_dot[class[r]].min(si);
+                }
+            }
             for v in std::iter::once(s.instr).chain(s.also) {
                 last_dense[class[v]] = last_dense[class[v]].max(si);
             }
             let sums = matches!(s.kind, Kind::MaskedDotSums { .. });
+            // A plain f32 dot lists an operand's terms from its support and rebuilds it
+            // from the support where its path reads it densely ([`dot_known`]).
+            let plain = matches!(s.kind, Kind::Dot(_));
             for (q, &r) in s.reads.iter().enumerate() {
                 let only_mask =
                     sums && q >= 2 && s.reads[..2].iter().all(|&x| class[x] != class[r]);
-                if !only_mask {
+                let by_support = plain && q < 2 && f32_value(p, r);
+                if !only_mask && !by_support {
                     last_dense[class[r]] = last_dense[class[r]].max(si);
                 }
             }
         }
+        // Also any other f32 value whose later readers are plain dots, released where a
+        // sparse product found its support on it (the MoE combine weights, read in the
+        // backward pass by their own gradient's dot and, as an indicator, by the dispatch
+        // gradient's): its support may be found by a plain dot up to its last other reader.
+        let mut by_support = eager_support.clone();
+        for (v, b) in by_support.iter_mut().enumerate() {
+            *b |= class[v] == v
+                && support_of[v] == v
+                && f32_value(p, v)
+                && first_dot[v] <= last_dense[v];
+        }
         for v in 0..n {
             let c = class[v];
-            if eager_support[v]
+            if by_support[v]
                 && last_read[c] != usize::MAX
                 && last_dense[c] < last_read[c]
                 && !steps[last_dense[c]]
@@ -1604,8 +1630,8 @@ impl Executable {
             .count()
     }
 
-    /// Number of masks released before their last reader when a run finds their support
-    /// (their later readers are summed masked dots; see the module docs).
+    /// Number of values released before their last reader when a run finds their support
+    /// (their later readers are summed masked dots or plain dots; see the module docs).
     pub fn sparse_releases(&self) -> usize {
         self.steps.iter().map(|s| s.frees_sparse.len()).sum()
     }
@@ -2306,12 +2332,15 @@ impl Dev<'_> {
                 Known::Sparse(sup, vals)
             }
         });
+        // An operand released early ([`Step::frees_sparse`]) is given by its support alone.
+        let empty = Data::F32(Vec::new());
+        let data = |v: usize| self.vals[v].as_ref().map_or(&empty, Buf::data);
         let path = dot_known(
             plan,
             &exe.program.instrs[l].ty.shape,
-            self.data(l),
+            data(l),
             &exe.program.instrs[r].ty.shape,
-            self.data(r),
+            data(r),
             out,
             tail,
             known,

@@ -2164,3 +2164,102 @@ fn short_trailing_broadcasts_match_the_reference() {
         }
     }
 }
+
+/// A sparse f32 value whose later readers are plain dots is released once a sparse
+/// product has found its support (the MoE combine weights between the forward and the
+/// backward pass): a later dot lists its terms from the support, or rebuilds it where its
+/// path reads it densely (the other operand non-finite, or a NaN in the value itself).
+/// Every case gives the bits of the same program with the value kept to the end (an
+/// output as well), and the reference's values.
+#[test]
+fn a_value_released_to_its_support_gives_the_same_products() {
+    let (n, m) = (64, 32);
+    let ty = |d: &[usize]| Type::new(DType::F32, d.to_vec());
+    let dd = DotDims::new(vec![], vec![], vec![1], vec![0]);
+    let b = Builder::new();
+    let wp = b.param("wp", ty(&[n, n]));
+    let y = b.param("y", ty(&[n, m]));
+    let x = b.param("x", ty(&[m, n]));
+    // `w` computed (a buffer of its own), read by a dot (which finds its support), by an
+    // elementwise op (its last dense reader), then by a second dot.
+    let w = wp.neg();
+    b.output("d1", &w.dot_general(&y, dd.clone()));
+    b.output("e", &w.mul(&w));
+    b.output("d2", &x.dot_general(&w, dd));
+    let p = b.finish();
+    let kept = {
+        let mut q = p.clone();
+        q.outputs.push(("w".to_string(), w.id));
+        q
+    };
+    let exe = Executable::new(&p).unwrap();
+    assert!(
+        exe.sparse_releases() >= 1,
+        "w is released after its last dense reader"
+    );
+    assert_eq!(Executable::new(&kept).unwrap().sparse_releases(), 0);
+    let mut rng = Rng(11);
+    // One non-zero per row of `w` (a one-hot combine weight).
+    let mut wv = vec![0.0; n * n];
+    for i in 0..n {
+        wv[i * n + rng.below(n)] = rng.unit() - 0.5;
+    }
+    let base: HashMap<String, HostTensor> = [
+        (
+            "wp".to_string(),
+            HostTensor::from_f64_values(ty(&[n, n]), &wv),
+        ),
+        ("y".to_string(), rng.tensor(&ty(&[n, m]), false)),
+        ("x".to_string(), rng.tensor(&ty(&[m, n]), false)),
+    ]
+    .into_iter()
+    .collect();
+    let with = |k: &str, at: usize, v: f64| {
+        let mut ins = base.clone();
+        let mut xs = ins[k].to_f64_vec();
+        xs[at] = v;
+        let t = HostTensor::from_f64_values(ins[k].ty.clone(), &xs);
+        ins.insert(k.to_string(), t);
+        ins
+    };
+    let nz = wv.iter().position(|&v| v != 0.0).unwrap();
+    // `x` with 16 non-zeros, none in column `nz / n` (the row of `w` with the NaN below):
+    // `d2` would rather walk `x` than `w`, which is exact only if `w` is finite.
+    let sparse_x = {
+        let mut ins = with("wp", nz, f64::NAN);
+        let mut xs = vec![0.0; m * n];
+        for t in 0..16 {
+            let (i, k) = (t * 2, (t * 7 + 1) % n);
+            xs[i * n + if k == nz / n { (k + 1) % n } else { k }] = rng.unit() + 0.25;
+        }
+        ins.insert("x".into(), HostTensor::from_f64_values(ty(&[m, n]), &xs));
+        ins
+    };
+    for (case, ins) in [
+        ("finite", base.clone()),
+        ("an inf in x", with("x", 3 * n + 5, f64::INFINITY)),
+        ("a NaN in x", with("x", 7, f64::NAN)),
+        ("a NaN in w", with("wp", nz, f64::NAN)),
+        ("a sparse x and a NaN in w", sparse_x),
+    ] {
+        let run = |e: &Executable| {
+            e.run(&InProcess::new(1), std::slice::from_ref(&ins), None)
+                .unwrap()
+                .outputs
+                .remove(0)
+        };
+        let (got, want) = (run(&exe), run(&Executable::new(&kept).unwrap()));
+        let reference = runtime::run(&p, &ins).unwrap();
+        for o in ["d1", "e", "d2"] {
+            let (g, w) = (got[o].to_f64_vec(), want[o].to_f64_vec());
+            assert!(
+                g.iter().zip(&w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{case}: {o} differs from the run that keeps w"
+            );
+            for (i, (&a, &r)) in g.iter().zip(&reference[o].to_f64_vec()).enumerate() {
+                let ok = (a.is_nan() && r.is_nan()) || a == r || (a - r).abs() <= 1e-5;
+                assert!(ok, "{case}: {o}[{i}] = {a}, reference {r}");
+            }
+        }
+    }
+}

@@ -214,11 +214,21 @@ impl Support {
     /// The f32 buffer it was found on, again: its values at its positions, zeros
     /// elsewhere (an f32 value round-trips through the f64 kept exactly).
     pub fn dense(&self) -> Vec<f32> {
-        let mut x = vec![0.0f32; self.of_len];
+        self.dense_as()
+    }
+
+    /// [`Support::dense`] in the buffer's own float type.
+    fn dense_as<T: GemmFloat>(&self) -> Vec<T> {
+        let mut x = vec![T::ZERO; self.of_len];
         for (&q, &v) in self.pos.iter().zip(&self.vals) {
-            x[q as usize] = v as f32;
+            x[q as usize] = T::from_f64(v);
         }
         x
+    }
+
+    /// Whether every value of the buffer it was found on is finite (its zeros are).
+    fn all_finite(&self) -> bool {
+        self.vals.iter().all(|v| v.is_finite())
     }
 
     /// Whether it was found on a buffer of `len` elements.
@@ -1427,6 +1437,23 @@ fn dot_float<T: GemmFloat>(
         return DotPath::Empty;
     }
     let sparse_worth = |len: usize| p.sparse_worth(len);
+    // An operand given by its support alone (an empty slice: its buffer released, the
+    // executor's `frees_sparse`): its length from its shape, its terms from the support,
+    // its finiteness from the support's values, and its values rebuilt from the support
+    // where the path reads it densely.
+    let (llen, rlen): (usize, usize) = (lhs_shape.iter().product(), rhs_shape.iter().product());
+    let absent = [l.len() != llen, r.len() != rlen];
+    let support_of = |side: usize| match known[side] {
+        Known::Sparse(sup, _) if sup.fits([llen, rlen][side]) => sup,
+        _ => panic!("an operand given by its support alone comes with that support"),
+    };
+    let finite = |side: usize, x: &[T]| {
+        if absent[side] {
+            support_of(side).all_finite()
+        } else {
+            all_finite(x)
+        }
+    };
     // A sparse side costs a pass over the other operand's row (column) per non-zero: when
     // both sides are mostly zeros (an expert buffer with few tokens against a one-hot mask),
     // walk the one with fewer terms in all (4.4 ms against 0.14 ms on a training step's
@@ -1434,18 +1461,20 @@ fn dot_float<T: GemmFloat>(
     // An indicator side's terms are its operand's non-zeros (the same positions: NaN is
     // non-zero to both), each with the value 1.
     let ind = p.indicator;
-    let terms = |x: &[T], view: &View, lhs: bool, known: Known| {
+    let terms = |x: &[T], len: usize, view: &View, lhs: bool, known: Known| {
         let ind = ind[usize::from(!lhs)];
-        if !sparse_worth(x.len()) {
+        if !sparse_worth(len) {
             return None;
         }
         match known {
             Known::Dense => None,
             // A support of another buffer's length (a caller's mistake) is not trusted.
-            Known::Sparse(sup, vals) if sup.fits(x.len()) => {
+            Known::Sparse(sup, vals) if sup.fits(len) => {
                 let vals = if ind { Values::Ones } else { vals };
                 Some(terms_from_support(x, view, sup, vals, lhs))
             }
+            // An absent operand is not scanned (the dense path rebuilds it, or says why not).
+            Known::Unknown | Known::Sparse(..) if x.len() != len => None,
             Known::Unknown | Known::Sparse(..) => {
                 let mut t = sparse_terms(x, view, lhs)?;
                 if ind {
@@ -1455,8 +1484,8 @@ fn dot_float<T: GemmFloat>(
             }
         }
     };
-    let lt = terms(l, &p.lhs.view, true, known[0]);
-    let rt = terms(r, &p.rhs.view, false, known[1]);
+    let lt = terms(l, llen, &p.lhs.view, true, known[0]);
+    let rt = terms(r, rlen, &p.rhs.view, false, known[1]);
     let count = |t: &Vec<Vec<Term<T>>>| t.iter().map(Vec::len).sum::<usize>();
     let (ln, rn) = (lt.as_ref().map(count), rt.as_ref().map(count));
     let rhs_first = match (ln, rn) {
@@ -1468,8 +1497,8 @@ fn dot_float<T: GemmFloat>(
     // `0 * x` terms): the preferred side first, then the other.
     // (An indicator is finite.)
     let takes = |p: DotPath| match p {
-        DotPath::SparseLhs => ln.is_some() && (ind[1] || all_finite(r)),
-        _ => rn.is_some() && (ind[0] || all_finite(l)),
+        DotPath::SparseLhs => ln.is_some() && (ind[1] || finite(1, r)),
+        _ => rn.is_some() && (ind[0] || finite(0, l)),
     };
     let order = if rhs_first {
         [DotPath::SparseRhs, DotPath::SparseLhs]
@@ -1487,6 +1516,14 @@ fn dot_float<T: GemmFloat>(
             .map(|&v| if v != T::ZERO { T::ONE } else { T::ZERO })
             .collect()
     };
+    // A side given by its support and read densely by this path (the other side walked,
+    // or the dense GEMM): rebuilt.
+    let lrebuilt = (absent[0] && path != DotPath::SparseLhs).then(|| support_of(0).dense_as());
+    let rrebuilt = (absent[1] && path != DotPath::SparseRhs).then(|| support_of(1).dense_as());
+    let (l, r) = (
+        lrebuilt.as_deref().unwrap_or(l),
+        rrebuilt.as_deref().unwrap_or(r),
+    );
     let (lcopy, rcopy) = p.indicator_copies(path);
     let lc = lcopy.then(|| copy(l));
     let rc = rcopy.then(|| copy(r));
