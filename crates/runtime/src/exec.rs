@@ -1485,14 +1485,14 @@ impl Executable {
                 last_dense[class[v]] = last_dense[class[v]].max(si);
             }
             let sums = matches!(s.kind, Kind::MaskedDotSums { .. });
-            // A plain f32 dot lists an operand's terms from its support and rebuilds it
-            // from the support where its path reads it densely ([`dot_known`]).
+            // A plain dot lists an operand's terms from its support and rebuilds it from
+            // the support where its path reads it densely ([`dot_known`]).
             let plain = matches!(s.kind, Kind::Dot(_));
             for (q, &r) in s.reads.iter().enumerate() {
                 let only_mask =
                     sums && q >= 2 && s.reads[..2].iter().all(|&x| class[x] != class[r]);
-                let by_support = plain && q < 2 && f32_value(p, r);
-                if !only_mask && !by_support {
+                let dot_operand = plain && q < 2;
+                if !only_mask && !dot_operand {
                     last_dense[class[r]] = last_dense[class[r]].max(si);
                 }
             }
@@ -2166,9 +2166,10 @@ impl Dev<'_> {
         self.vals[v].as_ref().expect("operands are live").data()
     }
 
-    /// Release the buffer classes whose last reader is step `si`, and the masks whose
-    /// remaining readers walk their support where this run found it ([`Step::frees_sparse`];
-    /// a mask found dense stays until its last reader).
+    /// Release the buffer classes whose last reader is step `si`, and the values whose
+    /// remaining readers take them by their support where this run found it
+    /// ([`Step::frees_sparse`]; a value found dense, or not scanned, stays until its last
+    /// reader).
     fn release(&mut self, exe: &Executable, si: usize) {
         for &c in &exe.steps[si].frees {
             self.free_class(exe, c);

@@ -80,6 +80,14 @@ pub fn fma_burst_wide(steps: usize) -> Option<f32> {
     None
 }
 
+/// `len` values in `[-0.5, 0.5)` for a GEMM probe's operand: irregular, with no zero rows
+/// (the kernel would skip them) and nothing that overflows.
+fn operand(len: usize, seed: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 1000.0 - 0.5 + 1e-4)
+        .collect()
+}
+
 /// `(m, n, k)` of the GEMM probe: `A` 64 KiB, `B` and `C` 128 KiB each, `B` packed 128 KiB
 /// (448 KiB in all, inside a 512 KiB L2), 8.4 MFLOP per product.
 pub const GEMM_SHAPE: (usize, usize, usize) = (128, 256, 128);
@@ -95,12 +103,7 @@ pub fn gemm_gflops(seconds: f64) -> Option<f64> {
     let (m, n, k) = GEMM_SHAPE;
     // Values in [-0.5, 0.5): no zero rows (the kernel would skip them), nothing that
     // overflows.
-    let fill = |len: usize, seed: usize| -> Vec<f32> {
-        (0..len)
-            .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 1000.0 - 0.5 + 1e-4)
-            .collect()
-    };
-    let (a, b) = (fill(m * k, 1), fill(k * n, 2));
+    let (a, b) = (operand(m * k, 1), operand(k * n, 2));
     let mut c = vec![0.0f32; m * n];
     let mut product = || {
         // SAFETY: `available()` holds; `a` is `m x k`, `b` `k x n` and `c` `m x n`, row-major
@@ -174,11 +177,6 @@ pub fn gemm_against_peak(
             fma_burst(steps)
         }
     };
-    let fill = |len: usize, seed: usize| -> Vec<f32> {
-        (0..len)
-            .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 1000.0 - 0.5 + 1e-4)
-            .collect()
-    };
     let (ls, contract) = if a_transposed {
         (vec![k, m], 0)
     } else {
@@ -190,7 +188,7 @@ pub fn gemm_against_peak(
         &rs,
         &ir::DotDims::new(vec![], vec![], vec![contract], vec![0]),
     );
-    let (a, b) = (Data::F32(fill(m * k, 1)), Data::F32(fill(k * n, 2)));
+    let (a, b) = (Data::F32(operand(m * k, 1)), Data::F32(operand(k * n, 2)));
     let mut c = Data::F32(vec![0.0; m * n]);
     let one = rayon::ThreadPoolBuilder::new()
         .num_threads(1)

@@ -1778,7 +1778,9 @@ pub fn dot_masked(
     masks: &[&[f32]],
     out: &mut [f32],
 ) -> Option<usize> {
-    if !masked_applies(p, l, r, masks, out.len()) {
+    let len = out.len();
+    let sparse = |t: usize| masks[t].len() == len && !sampled_dense(masks[t]);
+    if !masked_applies(p, l, r, masks.len(), sparse) {
         return None;
     }
     let (m, n) = (p.m, p.n);
@@ -1867,16 +1869,11 @@ pub fn dot_masked_sums(
         .zip(masks)
         .map(|(s, x)| s.filter(|s| s.fits(len) && (x.is_empty() || x.len() == len)))
         .collect();
-    let masks_sparse = masks
-        .iter()
-        .zip(&sups)
-        .all(|(x, s)| s.is_some() || (!x.is_empty() && x.len() == len && !sampled_dense(x)));
-    if masks.is_empty()
-        || len * p.k == 0
-        || !masks_sparse
-        || !operands_bounded(p, l, r)
-        || sums.iter().any(|s| s.len() != b * m)
-    {
+    let sparse = |t: usize| {
+        let x = masks[t];
+        sups[t].is_some() || (!x.is_empty() && x.len() == len && !sampled_dense(x))
+    };
+    if !masked_applies(p, l, r, masks.len(), sparse) || sums.iter().any(|s| s.len() != b * m) {
         return None;
     }
     // Each batch entry's sums (`masks.len()` runs of `m`), placed after the walk.
@@ -2018,27 +2015,23 @@ fn row_sum_certified(x: &[f32], w: &[f32]) -> Option<f32> {
     )
 }
 
-/// Whether the masked product applies (see [`dot_masked`]): a non-empty product, masks of
-/// the result's `len` that are not dense by sampling, finite operands and no overflow
-/// possible in any value (so every skipped value is finite).
-fn masked_applies(p: &DotPlan, l: &[f32], r: &[f32], masks: &[&[f32]], len: usize) -> bool {
-    let (b, m, n, k) = (p.b, p.m, p.n, p.k);
-    if b * m * n * k == 0
-        || masks.is_empty()
-        || masks.iter().any(|x| x.len() != len || sampled_dense(x))
-    {
-        return false;
+/// Whether the masked product applies (see [`dot_masked`]): a non-empty product, `masks`
+/// masks each `sparse` (mask `t`: of the result's length and not dense by sampling, or
+/// known sparse by its support), finite operands and no overflow possible in any value
+/// (so every skipped value is finite).
+fn masked_applies(
+    p: &DotPlan,
+    l: &[f32],
+    r: &[f32],
+    masks: usize,
+    sparse: impl Fn(usize) -> bool,
+) -> bool {
+    p.b * p.m * p.n * p.k != 0 && masks > 0 && (0..masks).all(sparse) && {
+        let (Some(ml), Some(mr)) = (max_abs_finite(l), max_abs_finite(r)) else {
+            return false;
+        };
+        (2.0 * p.k as f64 * ml as f64 * mr as f64) < f32::MAX as f64
     }
-    operands_bounded(p, l, r)
-}
-
-/// Whether both operands are finite and `K * max|lhs| * max|rhs|` (twice, for rounding)
-/// is inside f32: every value of the product is then finite.
-fn operands_bounded(p: &DotPlan, l: &[f32], r: &[f32]) -> bool {
-    let (Some(ml), Some(mr)) = (max_abs_finite(l), max_abs_finite(r)) else {
-        return false;
-    };
-    (2.0 * p.k as f64 * ml as f64 * mr as f64) < f32::MAX as f64
 }
 
 /// Run `entry(bb, value, tick)` for every batch entry (in parallel when large):
