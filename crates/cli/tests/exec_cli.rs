@@ -98,6 +98,13 @@ fn bench_gemm_prints_each_products_share_of_the_peak() {
         assert!(v["gemm_gflops"].as_f64().unwrap() > 0.0, "{v}");
         assert!(v["sampled_error"].as_f64().unwrap() < 1e-4, "{v}");
         assert_eq!(v["pairs"], 3, "{v}");
+        // The clock and the peak's flops per cycle: numbers on x86-64, null elsewhere.
+        for key in ["clock_ghz", "peak_flops_per_cycle"] {
+            match v[key].as_f64() {
+                Some(x) => assert!(x > 0.0 && x.is_finite(), "{v}"),
+                None => assert!(v[key].is_null() && !cfg!(target_arch = "x86_64"), "{v}"),
+            }
+        }
     }
     assert_eq!(rows[1]["m"], 30, "t30x20x50 is m = 30");
     assert_eq!(rows[1]["k"], 50, "t30x20x50 is k = 50");

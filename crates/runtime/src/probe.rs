@@ -68,6 +68,52 @@ fn repeat_for(seconds: f64, mut once: impl FnMut()) -> (usize, f64) {
     (calls, t.elapsed().as_secs_f64())
 }
 
+/// Dependent integer adds per step of [`add_chain`].
+const ADDS: usize = 10;
+
+/// Steps of [`add_chain`] in one timed clock burst (`ADDS` cycles each).
+const CLOCK_BURST: usize = 20_000;
+
+/// `steps * ADDS` integer adds, each reading the one before: one add a cycle on every x86
+/// core (an ALU add's latency is one cycle), so the time they take is the core's clock.
+/// `None` off x86-64.
+pub fn add_chain(steps: usize) -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut x = std::hint::black_box(1u64);
+        for _ in 0..steps {
+            // SAFETY: register arithmetic on `x` only (the flags are clobbered, which
+            // `asm!` assumes without `preserves_flags`).
+            unsafe {
+                std::arch::asm!(
+                    "add {x}, {x}", "add {x}, {x}", "add {x}, {x}", "add {x}, {x}",
+                    "add {x}, {x}", "add {x}, {x}", "add {x}, {x}", "add {x}, {x}",
+                    "add {x}, {x}", "add {x}, {x}",
+                    x = inout(reg) x,
+                    options(nomem, nostack),
+                );
+            }
+        }
+        Some(x)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = steps;
+        None
+    }
+}
+
+/// The calling core's clock in GHz, from [`add_chain`] run for about `seconds`; `None`
+/// off x86-64. An FMA rate over it is the flops the core issues per cycle: 64 on a core
+/// with two 512-bit FMA units, 32 with two 256-bit ones (or 512-bit FMAs split in two).
+pub fn clock_ghz(seconds: f64) -> Option<f64> {
+    add_chain(0)?;
+    let (bursts, secs) = repeat_for(seconds, || {
+        std::hint::black_box(add_chain(std::hint::black_box(CLOCK_BURST)));
+    });
+    Some((bursts * CLOCK_BURST * ADDS) as f64 / secs / 1e9)
+}
+
 /// `steps` steps of the [`CHAINS`] FMA chains (`steps * CHAINS * 16` flops); returns the
 /// sum of the chains, whose start values and step the compiler cannot see, so no chain is
 /// elided or folded (see [`chain_start`]). `None` on a CPU without AVX2 and FMA.
@@ -155,6 +201,11 @@ pub struct PairedGemm {
     pub pairs: usize,
     /// Whether the peak is the sixteen-lane one ([`fma_burst_wide`]).
     pub wide: bool,
+    /// The median clock ([`clock_ghz`], a short burst before each pair's peak) and the
+    /// median of the pairs' peak over that clock, in flops per cycle: the peak checked
+    /// against the core's FMA units (64 for two 512-bit units). `None` off x86-64.
+    pub clock_ghz: Option<f64>,
+    pub peak_flops_per_cycle: Option<f64>,
     /// The largest difference between the product and an f64 sum, over sampled entries of
     /// `C` (a check that the timed call computed the product).
     pub sampled_error: f64,
@@ -210,9 +261,11 @@ pub fn gemm_against_peak(
         .build()
         .ok()?;
     let (mut peaks, mut rates, mut shares) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut clocks, mut per_cycle) = (Vec::new(), Vec::new());
     one.install(|| {
         dot(&plan, &ls, &a, &rs, &b, &mut c);
         for _ in 0..pairs {
+            let clock = clock_ghz(burst_seconds / 5.0);
             let (bursts, secs) = repeat_for(burst_seconds, || {
                 std::hint::black_box(peak_burst());
             });
@@ -221,6 +274,10 @@ pub fn gemm_against_peak(
                 dot(&plan, &ls, &a, &rs, &b, &mut c);
             });
             let rate = (products * 2 * m * n * k) as f64 / secs / 1e9;
+            if let Some(g) = clock {
+                clocks.push(g);
+                per_cycle.push(peak / g);
+            }
             peaks.push(peak);
             rates.push(rate);
             shares.push(rate / peak);
@@ -257,6 +314,8 @@ pub fn gemm_against_peak(
         share_q3: at(&mut shares, 0.75),
         pairs,
         wide,
+        clock_ghz: (!clocks.is_empty()).then(|| at(&mut clocks, 0.5)),
+        peak_flops_per_cycle: (!per_cycle.is_empty()).then(|| at(&mut per_cycle, 0.5)),
         sampled_error,
     })
 }
@@ -391,6 +450,20 @@ mod tests {
         }
     }
 
+    /// The add chain doubles its value once per add (wrapping), so its result shows that
+    /// every add ran: `2^(10 steps)` mod `2^64`.
+    #[test]
+    fn the_add_chain_runs_every_add() {
+        if let Some(x) = super::add_chain(3) {
+            assert_eq!(x, 1 << 30);
+            assert_eq!(super::add_chain(7), Some(0), "2^70 wraps to 0");
+        }
+        assert_eq!(super::add_chain(0).is_some(), cfg!(target_arch = "x86_64"));
+        if let Some(g) = super::clock_ghz(0.005) {
+            assert!(g > 0.0 && g.is_finite(), "{g} GHz");
+        }
+    }
+
     /// The paired measurement runs exactly where the kernel does, reports the product's
     /// share of the peak between the quartiles, and multiplies correctly on both layouts
     /// of `A` (its sampled entries against f64 sums).
@@ -408,6 +481,13 @@ mod tests {
             // that caught a slow spell of the peak's).
             assert!(g.share > 0.0 && g.share < 2.0, "{g:?}");
             assert!(g.sampled_error < 1e-4, "{g:?}");
+            // The clock and the flops per cycle come together, on x86-64 only, positive
+            // and finite.
+            assert_eq!(g.clock_ghz.is_some(), cfg!(target_arch = "x86_64"), "{g:?}");
+            assert_eq!(g.clock_ghz.is_some(), g.peak_flops_per_cycle.is_some());
+            for v in [g.clock_ghz, g.peak_flops_per_cycle].into_iter().flatten() {
+                assert!(v > 0.0 && v.is_finite(), "{g:?}");
+            }
         }
         assert_eq!(super::gemm_against_peak(0, 4, 4, false, 3, 0.001), None);
         assert_eq!(super::gemm_against_peak(4, 4, 4, false, 0, 0.001), None);

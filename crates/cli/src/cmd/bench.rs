@@ -210,11 +210,13 @@ fn gemm(a: GemmArgs) -> Result<()> {
             "m x n x k", "GFLOP/s", "peak", "share", "quartiles"
         );
     }
+    let mut cycles = Vec::new();
     for (name, &(m, n, k, t)) in a.shapes.iter().zip(&shapes) {
         let Some(g) = runtime::probe::gemm_against_peak(m, n, k, t, a.pairs, a.burst_ms / 1e3)
         else {
             bail!("the GEMM kernel does not run on this CPU (it needs AVX2 and FMA)");
         };
+        cycles.extend(g.clock_ghz.zip(g.peak_flops_per_cycle));
         if a.json {
             println!(
                 "{}",
@@ -224,6 +226,7 @@ fn gemm(a: GemmArgs) -> Result<()> {
                     "peak_lanes": if g.wide { 16 } else { 8 },
                     "share_of_peak": g.share, "share_q1": g.share_q1, "share_q3": g.share_q3,
                     "pairs": g.pairs, "sampled_error": g.sampled_error,
+                    "clock_ghz": g.clock_ghz, "peak_flops_per_cycle": g.peak_flops_per_cycle,
                 })
             );
         } else {
@@ -250,6 +253,18 @@ fn gemm(a: GemmArgs) -> Result<()> {
             a.pairs,
             a.burst_ms
         );
+        let range = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            (v[0], v[v.len() - 1])
+        };
+        let (mut clocks, mut per): (Vec<f64>, Vec<f64>) = cycles.into_iter().unzip();
+        if !clocks.is_empty() {
+            let ((c0, c1), (p0, p1)) = (range(&mut clocks), range(&mut per));
+            println!(
+                "the peak ran {p0:.1}-{p1:.1} flops per cycle at {c0:.2}-{c1:.2} GHz (the clock \
+                 of a chain of dependent adds, one a cycle; 64 is two 512-bit FMA units)"
+            );
+        }
     }
     Ok(())
 }
