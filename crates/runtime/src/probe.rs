@@ -16,6 +16,8 @@
 //!   one fixed product whose operands, result and packed panels stay in a 512 KiB L2
 //!   ([`GEMM_SHAPE`]): the rate of the kernel the expert GEMMs run, with its loads from L1
 //!   and L2, so a spell that slows the caches shows there.
+//! - [`clock_ghz`]: the core clock, from a chain of dependent integer adds (one a cycle), so
+//!   a peak can be read in flops per cycle against the core's FMA units.
 //! - [`gemm_against_peak`]: a dense product through the executor's `dot` on one thread,
 //!   timed in bursts that alternate with bursts of the FMA chains ([`fma_burst_wide`] where
 //!   the CPU has AVX-512F, else [`fma_burst`]): each pair's GEMM rate over its own peak, so
