@@ -35,7 +35,7 @@
 //!   reads (a layer's loss `sum(y * dy)`) is one pass (`Kind::SumProduct`): the same f32
 //!   products added in the same f64 order, the product never written.
 //! - *Shared supports*: a group `convert(x != 0)` has the non-zeros of `x`; both get one
-//!   key ([`same_supports`]). At run time the first sparse product that reads a buffer
+//!   key (`same_supports`). At run time the first sparse product that reads a buffer
 //!   with a key finds its support (one pass, over `x` itself while it is live, keeping its
 //!   values), and every later product with that key lists its terms from it
 //!   ([`kernels::dot::Support`]): the MoE layer's mask and combine weights are scanned once

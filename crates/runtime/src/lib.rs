@@ -5,7 +5,7 @@
 //! - [`io`]: safetensors bytes <-> named host tensors (no file IO; the `cli` crate owns files).
 //! - [`rng`]: Philox-4x32-10 and the mapping from `(seed, stream, global index)` to a sample;
 //!   pure functions shared by every executor so that sharded == unsharded.
-//! - [`reference`]: the naive, obviously-correct interpreter, single-device ([`reference::run`])
+//! - [`reference`](mod@reference): the naive, obviously-correct interpreter, single-device ([`reference::run`])
 //!   and bulk-synchronous over a mesh ([`reference::run_spmd`]). It is the oracle every faster
 //!   executor and every partitioned program is tested against.
 //!
