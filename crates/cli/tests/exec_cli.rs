@@ -49,9 +49,20 @@ fn bench_probe_prints_both_rates_where_the_cpu_runs_them() {
         }
     }
     assert!(v["threads"].as_u64().is_some_and(|t| t >= 1), "{v}");
-    // The text form names both probes.
+    // The clock: a positive figure on x86-64, null elsewhere.
+    match v["core_clock_ghz"].as_f64() {
+        Some(c) => assert!(
+            cfg!(target_arch = "x86_64") && c > 0.0 && c.is_finite(),
+            "{v}"
+        ),
+        None => assert!(!cfg!(target_arch = "x86_64") && v["core_clock_ghz"].is_null()),
+    }
+    // The text form names every probe.
     let text = gshard(&["bench", "probe"]);
-    assert!(text.contains("FMA") && text.contains("GEMM"), "{text}");
+    assert!(
+        text.contains("FMA") && text.contains("GEMM") && text.contains("clock"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -180,6 +191,12 @@ fn bench_moe_layer_prints_one_json_object() {
         match gemm.as_f64() {
             Some(g) => assert!(has_fma && g > 0.0, "{v}"),
             None => assert!(!has_fma && gemm.is_null(), "{v}"),
+        }
+        // The clock around the timed steps, on x86-64.
+        let clock = v.get("core_clock_ghz").expect("core_clock_ghz is reported");
+        match clock.as_f64() {
+            Some(c) => assert!(cfg!(target_arch = "x86_64") && c > 0.0, "{v}"),
+            None => assert!(!cfg!(target_arch = "x86_64") && clock.is_null(), "{v}"),
         }
         if d == "2" {
             // 4 all-to-alls, each moving half of the f32 E*G*C*M tensor across devices.

@@ -10,12 +10,14 @@
 //! rate of the pool's threads, probed all at once just before and just after the timed
 //! steps, of FMA chains in registers and of the GEMM micro-kernel on operands in L2
 //! ([`runtime::probe`]; a shared host's spells that take the FMA pipes show in both, those
-//! that slow the caches in the second).
+//! that slow the caches in the second); `core_clock_ghz`, the lowest clock of the same
+//! threads (a chain of dependent adds), tells a spell of a lower clock from one of shared
+//! pipes (the FMA rate falls with the clock in the first, alone in the second).
 //!
 //! `collectives`: all-to-all and all-reduce bandwidth per backend (`bench_comm`).
 //!
-//! `probe`: the FMA and GEMM probes once on every pool thread at once, the lowest rate of
-//! each (null where a probe does not run on this CPU), to tag another program's runs the
+//! `probe`: the FMA, GEMM and clock probes once on every pool thread at once, the lowest
+//! reading of each (null where a probe does not run on this CPU), to tag another program's runs the
 //! way `moe-layer` tags its own (`bench/compare_jax.sh` runs it around the JAX anchor).
 //!
 //! `gemm`: dense products through the executor's `dot` on one thread, each timed in bursts
@@ -272,12 +274,15 @@ fn gemm(a: GemmArgs) -> Result<()> {
 /// `gshard bench probe`: each probe once on every pool thread at once, the lowest rate of
 /// each (null where a probe does not run on this CPU).
 fn probe(a: ProbeArgs) -> Result<()> {
-    let (fma, gemm) = probe_both();
+    let Probes { fma, gemm, clock } = probe_all();
     let threads = rayon::current_num_threads();
     if a.json {
         println!(
             "{}",
-            json!({"core_fma_gflops": fma, "core_gemm_gflops": gemm, "threads": threads})
+            json!({
+                "core_fma_gflops": fma, "core_gemm_gflops": gemm, "core_clock_ghz": clock,
+                "threads": threads,
+            })
         );
     } else {
         let show = |g: Option<f64>| {
@@ -287,9 +292,10 @@ fn probe(a: ProbeArgs) -> Result<()> {
         };
         println!(
             "lowest of {threads} threads probed at once: FMA chains {}, \
-             GEMM micro-kernel on operands in L2 {}",
+             GEMM micro-kernel on operands in L2 {}, clock {}",
             show(fma),
-            show(gemm)
+            show(gemm),
+            clock.map_or("n/a (not x86-64)".to_string(), |c| format!("{c:.2} GHz"))
         );
     }
     Ok(())
@@ -488,12 +494,22 @@ fn probe_cores(probe: fn(f64) -> Option<f64>) -> Option<f64> {
         .try_fold(f64::INFINITY, |lo, g| g.map(|g| lo.min(g)))
 }
 
-/// The FMA and GEMM probes' lowest rates, each probed once.
-fn probe_both() -> (Option<f64>, Option<f64>) {
-    (
-        probe_cores(runtime::probe::fma_gflops),
-        probe_cores(runtime::probe::gemm_gflops),
-    )
+/// The lowest readings of the pool's threads: FMA chains and GEMM micro-kernel in GFLOP/s,
+/// clock in GHz.
+#[derive(Clone, Copy)]
+struct Probes {
+    fma: Option<f64>,
+    gemm: Option<f64>,
+    clock: Option<f64>,
+}
+
+/// Every probe once, each on all the pool's threads at once.
+fn probe_all() -> Probes {
+    Probes {
+        fma: probe_cores(runtime::probe::fma_gflops),
+        gemm: probe_cores(runtime::probe::gemm_gflops),
+        clock: probe_cores(runtime::probe::clock_ghz),
+    }
 }
 
 /// The lower of two probe readings (`None` if either is).
@@ -546,7 +562,7 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
     }
     // The cores' FMA and GEMM rates just before and just after the timed steps (the
     // lowest of each is reported): a shared host's slow spell shows there.
-    let before = probe_both();
+    let before = probe_all();
     let mut times = Vec::new();
     let mut last = None;
     for _ in 0..a.steps.max(1) {
@@ -556,8 +572,10 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         exe.recycle(std::mem::take(&mut r.outputs));
         last = Some(r);
     }
-    let after = probe_both();
-    let (core_fma_gflops, core_gemm_gflops) = (lower(before.0, after.0), lower(before.1, after.1));
+    let after = probe_all();
+    let core_fma_gflops = lower(before.fma, after.fma);
+    let core_gemm_gflops = lower(before.gemm, after.gemm);
+    let core_clock_ghz = lower(before.clock, after.clock);
     let r = last.expect("at least one step");
     let step = median(times.clone());
     let min = times.iter().copied().fold(f64::INFINITY, f64::min);
@@ -604,6 +622,7 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         "dot_seconds": dot_secs, "dot_gflops_per_thread": dot_gflops_per_thread,
         "core_fma_gflops": core_fma_gflops,
         "core_gemm_gflops": core_gemm_gflops,
+        "core_clock_ghz": core_clock_ghz,
     });
     if a.json {
         println!("{out}");
