@@ -6,10 +6,11 @@
 # Prints one JSON line per run and a table of medians with the ratios ours/JAX (step time;
 # partition+prepare vs lower+compile), the median (and range) of each round's own ratio, and
 # the cores' rates probed around every run, ours and JAX's (`gshard bench probe`: FMA chains
-# in registers, and our GEMM micro-kernel on operands in L2; on a shared host the first
-# drops by about 30 % in spells that take the FMA pipes, the second in those and in spells
-# that slow the caches, and GEMM-bound steps slow with them; the two sides' runs alternate,
-# so a spell can fall on either).
+# in registers, our GEMM micro-kernel on operands in L2, and the clock; on a shared host
+# the first drops by about 30 % in spells that take the FMA pipes, the second in those and
+# in spells that slow the caches, and GEMM-bound steps slow with them; the clock tells a
+# spell of a lower clock from one of shared pipes; the two sides' runs alternate, so a
+# spell can fall on either).
 #
 # Usage: bench/compare_jax.sh [ANCHOR_DIR]     (run from anywhere; builds target/release)
 #   ANCHOR_DIR or $JAX_ANCHOR: the JAX harness (default: ../shared/anchors/jax relative to
@@ -85,8 +86,9 @@ for round in $(seq 1 "$rounds"); do
                     line=$(printf '%s\n%s\n%s\n' "$line" "$pre" "$post" | "$venv/bin/python" -c '
 import json, sys
 run, pre, post = (json.loads(l) for l in sys.stdin.read().split("\n")[:3])
-for k in ("core_fma_gflops", "core_gemm_gflops"):
-    run[k] = min(pre[k], post[k]) if pre[k] is not None and post[k] is not None else None
+for k in ("core_fma_gflops", "core_gemm_gflops", "core_clock_ghz"):
+    a, b = pre.get(k), post.get(k)
+    run[k] = min(a, b) if a is not None and b is not None else None
 print(json.dumps(run))')
                     step=$(echo "$line" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["step_seconds"])')
                     comp=$(echo "$line" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["compile_seconds"])')
@@ -103,8 +105,8 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 keys = sorted({(r["shape"], r["devices"]) for r in rows}, key=lambda k: (k[0] != "large", k[1]))
 print()
-print("| shape | devices | ours step s | JAX step s | step ours/JAX | paired ours/JAX (range) | ours GFLOP/s | core FMA GFLOP/s, ours / JAX runs | core GEMM GFLOP/s, ours / JAX runs | ours partition+prepare s | JAX lower+compile s | compile ours/JAX | ours peak MiB/device | ours a2a bytes (analytic) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| shape | devices | ours step s | JAX step s | step ours/JAX | paired ours/JAX (range) | ours GFLOP/s | core FMA GFLOP/s, ours / JAX runs | core GEMM GFLOP/s, ours / JAX runs | core clock GHz, ours / JAX runs | ours partition+prepare s | JAX lower+compile s | compile ours/JAX | ours peak MiB/device | ours a2a bytes (analytic) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for shape, d in keys:
     o = [r for r in rows if r["shape"] == shape and r["devices"] == d and r["who"] == "ours"]
     j = [r for r in rows if r["shape"] == shape and r["devices"] == d and r["who"] == "jax"]
@@ -116,13 +118,14 @@ for shape, d in keys:
     jr = {x["round"]: x["step_seconds"] for x in j}
     pr = sorted(x["step_seconds"] / jr[x["round"]] for x in o if x["round"] in jr)
     # The cores' rates around each run (a shared host's slow spells), as median (range).
-    def rates(xs, k):
+    def rates(xs, k, p=0):
         v = sorted(x["raw"][k] for x in xs if x["raw"].get(k))
-        return f"{statistics.median(v):.0f} ({v[0]:.0f}-{v[-1]:.0f})" if v else "-"
+        return f"{statistics.median(v):.{p}f} ({v[0]:.{p}f}-{v[-1]:.{p}f})" if v else "-"
     fma_s = f"{rates(o, 'core_fma_gflops')} / {rates(j, 'core_fma_gflops')}"
     gemm_s = f"{rates(o, 'core_gemm_gflops')} / {rates(j, 'core_gemm_gflops')}"
+    clock_s = f"{rates(o, 'core_clock_ghz', 2)} / {rates(j, 'core_clock_ghz', 2)}"
     print(f"| {shape} | {d} | {os_:.3f} | {js:.3f} | {os_/js:.2f} | {statistics.median(pr):.2f} ({pr[0]:.2f}-{pr[-1]:.2f}) | "
-          f"{statistics.median(x['raw']['gflops'] for x in o):.1f} | {fma_s} | {gemm_s} | "
+          f"{statistics.median(x['raw']['gflops'] for x in o):.1f} | {fma_s} | {gemm_s} | {clock_s} | "
           f"{oc:.4f} | {jc:.3f} | {oc/jc:.4f} | {raw['peak_bytes_per_device']/2**20:.0f} | "
           f"{raw['all_to_all_bytes']} ({raw['all_to_all_bytes_analytic']}) |")
 EOF
