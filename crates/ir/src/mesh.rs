@@ -261,7 +261,7 @@ impl Sharding {
         (0..self.rank()).map(|d| self.tiles(mesh, d)).product()
     }
 
-    /// Per-device (padded) shard shape: `ceil(n_i / tiles_i)` per dim (SPEC 4.4).
+    /// Per-device (padded) shard shape: `ceil(n_i / tiles_i)` per dim (XLA's tile size).
     pub fn shard_shape(&self, mesh: &Mesh, shape: &[usize]) -> Vec<usize> {
         shape
             .iter()

@@ -1,5 +1,5 @@
-//! Expert capacity `C` (slots per expert per group) as pure functions of static sizes
-//! (SPEC.md 1a.2 step 1 and 9.1; the formulas differ between codebases).
+//! Expert capacity `C` (slots per expert per group) as pure functions of static sizes (GShard's
+//! paper, praxis/lingvo and Mesh TensorFlow: the formulas differ between codebases).
 
 /// The exact rational value of a finite, non-negative f64 as `(numerator, 2^k denominator)`.
 fn as_fraction(x: f64) -> (u128, u32) {

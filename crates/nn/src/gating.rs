@@ -2,22 +2,22 @@
 //! all producing the `[G,S,E,C]` combine/dispatch pair that [`crate::moe::moe_layer`]
 //! consumes, plus their losses (unweighted: the caller weights them) and diagnostics.
 //!
-//! - [`switch_gating`]: Switch Transformer top-1 (SPEC 1b): raw-probability gate, token-order
-//!   capacity, GShard-form aux loss, router z-loss; multiplicative jitter on the router
-//!   *inputs* through [`switch_router_logits`].
-//! - [`noisy_top_k_gating`]: Shazeer et al. 2017 noisy top-k (SPEC 1c, T2T form): softmax over
-//!   the k kept noisy logits, importance and smooth load estimators, [`cv_squared`]; slots
+//! - [`switch_gating`]: Switch Transformer top-1 (Fedus et al. 2021): raw-probability gate,
+//!   token-order capacity, GShard-form aux loss, router z-loss; multiplicative jitter on the
+//!   router *inputs* through [`switch_router_logits`].
+//! - [`noisy_top_k_gating`]: Shazeer et al. 2017 noisy top-k (tensor2tensor's form): softmax
+//!   over the k kept noisy logits, importance and smooth load estimators, [`cv_squared`]; slots
 //!   filled rank by rank (all rank-1 picks of a group, then rank-2 after the kept rank-1
 //!   counts, ...), like Praxis top-k.
-//! - [`expert_choice_gating`]: expert-choice (SPEC 1d, Praxis v2 form): every expert takes the
-//!   C tokens of its group with the highest router probability; slot = token order.
+//! - [`expert_choice_gating`]: expert-choice (Zhou et al. 2022, Praxis v2 form): every expert
+//!   takes the C tokens of its group with the highest router probability; slot = token order.
 //!
 //! Shared with top-2: [`slots`]/[`slot_combine`] turn (mask, slot position) pairs into the
 //! one-hot `[G,S,E,C]` form, and [`fill_slots`] assigns positions by exclusive cumsum over S
-//! with `pos < C` (SPEC 9.2). Masks and positions are i32 (SPEC 9.6); they carry no
+//! with `pos < C`. Masks and positions are i32 (bf16 counts exactly only to 256); they carry no
 //! gradient. Unlike top-2 (whose dispatch is `combine != 0`, as in the JAX reference), the
-//! routers here derive `dispatch` from the integer masks (SPEC 9.9), so a gate that underflows
-//! to 0 still dispatches the token that holds the slot.
+//! routers here derive `dispatch` from the integer masks, so a gate that underflows to 0 still
+//! dispatches the token that holds the slot.
 //!
 //! Paddings are `[G,S]` floats, 1 = padding token: pads route nowhere, consume no capacity,
 //! and are zeroed in every loss numerator.
@@ -95,8 +95,8 @@ pub struct Slots {
 }
 
 /// Slots for the assignments `mask` (i32 `[G,S,E]`, at most one expert per token): in token
-/// order, after the `offset` (i32 `[G,E]`) slots that earlier ranks already hold; an
-/// assignment is kept iff its position is `< c` (exclusive cumsum, SPEC 9.2-9.3).
+/// order, after the `offset` (i32 `[G,E]`) slots that earlier ranks already hold; an assignment
+/// is kept iff its position is `< c` (exclusive cumsum: an expert's first token gets slot 0).
 pub fn fill_slots(mask: &Value, offset: Option<&Value>, c: usize, dt: DType) -> Slots {
     let sh = mask.shape();
     let (g, e) = (sh[0], sh[2]);
@@ -140,8 +140,8 @@ fn check_logits(what: &str, logits: &Value) -> (usize, usize, usize) {
 }
 
 /// GShard-form load-balancing loss `E^2 * mean_{g,e}(density * density_proxy)` from the
-/// pre-capacity first-choice `mask` (pads already zeroed) and the router probabilities
-/// `raw` (pads zeroed here); both means run over all S positions (SPEC 1a.2 step 5).
+/// pre-capacity first-choice `mask` (pads already zeroed) and the router probabilities `raw`
+/// (pads zeroed here); both means run over all S positions (as lingvo's `Top2GatingOnLogits`).
 fn load_balancing_loss(raw: &Value, mask: &Value, not_pad: Option<&Value>) -> Value {
     let sh = raw.shape();
     let e = sh[2];
@@ -159,7 +159,7 @@ fn load_balancing_loss(raw: &Value, mask: &Value, not_pad: Option<&Value>) -> Va
 
 // ---- Switch top-1 ----
 
-/// Switch Transformer top-1 routing options (SPEC 1b).
+/// Switch Transformer top-1 routing options (Fedus et al. 2021).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Switch {
     /// Expert capacity C per group; [`crate::capacity::mesh_tf`] is the Switch/Mesh-TF rule.
@@ -222,9 +222,9 @@ pub struct SwitchGating {
     pub over_capacity: Value,
 }
 
-/// Switch top-1 routing on `logits [G,S,E]` (SPEC 1b): `e* = argmax P` (ties to the lowest
-/// index), gate = `P[e*]` without renormalisation, slots by exclusive cumsum over S in token
-/// order with `pos < C`. For train-time jitter build the logits with
+/// Switch top-1 routing on `logits [G,S,E]` (Fedus et al. 2021): `e* = argmax P` (ties to the
+/// lowest index), gate = `P[e*]` without renormalisation, slots by exclusive cumsum over S in
+/// token order with `pos < C`. For train-time jitter build the logits with
 /// [`switch_router_logits`].
 pub fn switch_gating(logits: &Value, cfg: &Switch, paddings: Option<&Value>) -> SwitchGating {
     let (g, s, e) = check_logits("switch_gating", logits);
@@ -266,7 +266,7 @@ pub fn switch_gating(logits: &Value, cfg: &Switch, paddings: Option<&Value>) -> 
 
 // ---- Shazeer noisy top-k ----
 
-/// Noisy top-k gating options (SPEC 1c).
+/// Noisy top-k gating options (Shazeer et al. 2017).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct NoisyTopK {
     /// Experts per token (`1 <= k <= E`).
@@ -341,10 +341,10 @@ pub struct NoisyTopKGating {
     pub over_capacity: Value,
 }
 
-/// Shazeer noisy top-k routing (SPEC 1c; T2T `noisy_top_k_gating`) on the clean logits
-/// `x . W_g` `[G,S,E]`. `noise = Some((raw_noise, n))` at train time: `raw_noise = x . W_noise`
-/// and `n` standard normal, both `[G,S,E]`; then `H = clean + n * (softplus(raw_noise) +
-/// noise_epsilon)`. `None` (evaluation): `H = clean`.
+/// Shazeer noisy top-k routing (Shazeer et al. 2017; tensor2tensor's `noisy_top_k_gating`) on
+/// the clean logits `x . W_g` `[G,S,E]`. `noise = Some((raw_noise, n))` at train time:
+/// `raw_noise = x . W_noise` and `n` standard normal, both `[G,S,E]`; then `H = clean + n *
+/// (softplus(raw_noise) + noise_epsilon)`. `None` (evaluation): `H = clean`.
 ///
 /// Gates are `softmax` over the k largest `H` (the others 0). Importance and load are summed
 /// over every token of every group. The load estimator is
@@ -452,7 +452,7 @@ pub fn noisy_top_k_gating(
 
 // ---- expert choice ----
 
-/// Expert-choice routing options (SPEC 1d).
+/// Expert-choice routing options (Zhou et al. 2022, arXiv 2202.09368).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ExpertChoice {
     /// Tokens each expert takes from each group (`1 <= C <= S`); Zhou et al. use
@@ -482,11 +482,11 @@ pub struct ExpertChoiceGating {
 /// Expert-choice routing on `logits [G,S,E]` (Zhou et al. 2022; Praxis
 /// `expert_choice_gating_on_logits_v2`): `P = softmax_E(logits)`; each expert e takes the C
 /// tokens of the group with the largest `P[:, e]` (ties to the lowest token index; pads are
-/// scored -1 so they are never preferred to a real token and are then removed, so an expert
-/// of a group with fewer than C real tokens takes fewer). The slot of a chosen token is its
-/// rank in token order among the expert's chosen tokens (exclusive cumsum over S of the
-/// selection mask, as Praxis v2), and the combine weight is `P[s, e]`. No auxiliary loss.
-/// Not causal: never use it in an autoregressive decoder (SPEC 9.14).
+/// scored -1 so they are never preferred to a real token and are then removed, so an expert of
+/// a group with fewer than C real tokens takes fewer). The slot of a chosen token is its rank
+/// in token order among the expert's chosen tokens (exclusive cumsum over S of the selection
+/// mask, as Praxis v2), and the combine weight is `P[s, e]`. No auxiliary loss. Not causal:
+/// never use it in an autoregressive decoder (a token's routing depends on later tokens).
 pub fn expert_choice_gating(
     logits: &Value,
     cfg: &ExpertChoice,

@@ -1,7 +1,8 @@
-//! The Mixture-of-Experts layer in GShard's einsum form (SPEC.md 2.1) and GShard top-2
-//! gating. Everything is ordinary IR built with `ir::Builder`. The layer takes any router
-//! through [`Gate`]: top-2 here, Switch top-1, noisy top-k and expert choice in
-//! [`crate::gating`]; all produce the same `[G,S,E,C]` combine/dispatch pair.
+//! The Mixture-of-Experts layer in GShard's einsum form (Lepikhin et al. 2020, arXiv
+//! 2006.16668, Algorithm 2) and GShard top-2 gating. Everything is ordinary IR built with
+//! `ir::Builder`. The layer takes any router through [`Gate`]: top-2 here, Switch top-1, noisy
+//! top-k and expert choice in [`crate::gating`]; all produce the same `[G,S,E,C]`
+//! combine/dispatch pair.
 //!
 //! ```text
 //! logits   [G,S,E]   = einsum(GSM,ME->GSE, x, wg)
@@ -12,9 +13,9 @@
 //! y        [G,S,M]   = einsum(GSEC,EGCM->GSM, combine, yout)
 //! ```
 //!
-//! Masks, positions and counts are i32 (bf16 cannot count past 256, SPEC 9.6); they carry
+//! Masks, positions and counts are i32 (bf16 cannot count past 256); they carry
 //! no gradient because integer values never do. Gradients reach the router only through the
-//! gate values in `combine` and through the mean gate in the auxiliary loss (SPEC 9.10).
+//! gate values in `combine` and through the mean gate in the auxiliary loss.
 
 use crate::gating::{
     expert_choice_gating, fraction_over, noisy_top_k_gating, slot_combine, switch_gating,
@@ -24,7 +25,7 @@ use crate::gating::{
 use ir::{DType, Value};
 use sharding::{mesh_split, replicate, ShardingError};
 
-/// What to do with each token's second expert (SPEC 1a.2 steps 3 and 7).
+/// What to do with each token's second expert (GShard's Algorithm 1: random routing).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum SecondPolicy {
     /// Always dispatch to the second expert (capacity permitting).
@@ -88,10 +89,11 @@ pub struct Gating {
     pub over_capacity_2: Value,
 }
 
-/// GShard top-2 gating on `logits [G,S,E]` (SPEC 1a.2, the vectorised reference semantics).
-/// `noise`: `[G,S]` uniform for `Random`, `[G,S,E]` uniform for `Sampling`, unused for `All`.
-/// `paddings`: optional `[G,S]` float, 1 = padding token (routes nowhere, consumes no
-/// capacity, counted in the aux loss denominators as in the legacy code).
+/// GShard top-2 gating on `logits [G,S,E]` (the vectorised semantics of lingvo's
+/// `Top2GatingOnLogits` and praxis's `top2_gating_on_logits`, `legacy_mtf_behavior`). `noise`:
+/// `[G,S]` uniform for `Random`, `[G,S,E]` uniform for `Sampling`, unused for `All`.
+/// `paddings`: optional `[G,S]` float, 1 = padding token (routes nowhere, consumes no capacity,
+/// counted in the aux loss denominators as in the legacy code).
 pub fn top2_gating(
     logits: &Value,
     cfg: &Top2,
@@ -319,10 +321,10 @@ pub struct MoeOut {
     pub expert_outputs: Value,
 }
 
-/// Where the layer's annotations go (SPEC 2.2-2.3). Groups of tokens are split over
-/// `group_axes` (every batch-like mesh axis), experts over `expert_axes`. GShard's 1-D layout
-/// uses one axis for both; on a `data x expert` mesh, groups split over both axes and experts
-/// over `expert`, so the all-to-alls run within each `expert` row.
+/// Where the layer's annotations go (GShard section 3.2; GSPMD's 2-D layouts). Groups of tokens
+/// are split over `group_axes` (every batch-like mesh axis), experts over `expert_axes`.
+/// GShard's 1-D layout uses one axis for both; on a `data x expert` mesh, groups split over
+/// both axes and experts over `expert`, so the all-to-alls run within each `expert` row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MoeSharding {
     pub group_axes: Vec<String>,

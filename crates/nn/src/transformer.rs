@@ -1,11 +1,12 @@
-//! GShard's Transformer (SPEC.md 3): pre-norm residual blocks `x + F(RMSNorm(x))`, MoE
-//! replacing every k-th feed-forward layer, a final norm; an encoder-decoder for translation
-//! and a decoder-only language model. Shared or separate vocabularies, tied output
-//! embeddings. Builds the forward program and its loss; `autodiff::grad` adds the backward.
+//! GShard's Transformer (Lepikhin et al. 2020, arXiv 2006.16668): pre-norm residual blocks
+//! `x + F(RMSNorm(x))`, MoE replacing every k-th feed-forward layer, a final norm; an
+//! encoder-decoder for translation and a decoder-only language model. Shared or separate
+//! vocabularies, tied output embeddings. Builds the forward program and its loss;
+//! `autodiff::grad` adds the backward.
 //!
 //! Sharding (with a mesh): the batch is split over `batch_axes`, dense weights replicated
 //! (data parallel: their gradients need an all-reduce), MoE groups split over `batch_axes`
-//! and experts over `expert_axes` (GShard's layout, SPEC 2.2-2.3).
+//! and experts over `expert_axes` (GShard's layout).
 
 use crate::layers::{attention, cross_entropy, dropout, embed, rms_norm, sinusoid, AttnMask};
 use crate::moe::{moe_layer, Activation, Gate, MoeSharding, SecondPolicy, Top2};

@@ -7,7 +7,7 @@
 //! elements or FLOPs.
 //!
 //! Run: `cargo bench -p runtime --bench kernels` (add `-- gemm` to filter). Criterion is
-//! built without plots (DEPENDENCIES.md pitfalls).
+//! built without plots (its plotting dependencies would only slow the build).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ir::{Builder, DType, DotDims, Op, Type};
@@ -303,7 +303,7 @@ fn bench_gemm(c: &mut Criterion) {
     // Cold expert GEMMs: 128 sets of 128x512x128 operands and results (~74 MB, past the L3),
     // one after the other on one thread, each fetching the next set's operands and result
     // block while it computes (`ahead`) or not (`cold`): the fetch-ahead's effect, which the
-    // hot benches above cannot show (docs/performance.md, "Session of 2026-11-26 (second)").
+    // hot benches above cannot show.
     #[cfg(target_arch = "x86_64")]
     if runtime::kernels::sgemm::available() {
         use runtime::kernels::sgemm::{sgemm_ahead, MatMut, MatRef};

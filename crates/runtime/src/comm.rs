@@ -3,9 +3,10 @@
 //! space; each collective is a bulk copy/reduction between instructions) and, behind the
 //! `mpi` feature of `runtime-mpi`, one mesh position per MPI rank.
 //!
-//! The executor calls collectives only between instructions, never from inside a worker
-//! task, so no thread ever blocks waiting for a peer: with N devices on fewer threads the
-//! in-process backend cannot deadlock (DEPENDENCIES.md section 2).
+//! The executor calls collectives only between instructions, never from inside a worker task,
+//! so no thread ever blocks waiting for a peer: with N devices on fewer threads the in-process
+//! backend cannot deadlock (devices as tasks that met at a barrier deadlocked as soon as they
+//! outnumbered the pool's threads).
 //!
 //! [`InProcess`] works natively on typed buffers with the reference's semantics
 //! (`reference/collective.rs`): reductions run in rank order, floats accumulate in f64 and

@@ -60,19 +60,19 @@
 //! - *Segments*: maximal runs of non-collective steps. Each collective is a segment alone.
 //!
 //! **Running** ([`Executable::run`]): for each local segment, every device runs the whole
-//! segment as one task on the one rayon pool (devices in parallel; kernels inside split
-//! their work on the same pool: gemm with `Parallelism::Rayon(0)`, batched GEMMs, chunked
-//! elementwise, so busy threads never exceed the pool's). Tasks never block. Between
-//! segments, each collective runs over all device buffers through the [`Communicator`].
-//! Where the communicator shares memory (in-process devices), an all-to-all whose operand
-//! exists when the segment before its round ends is instead placed by its senders: the
-//! results are allocated before that segment and each device task, as it ends, copies its
-//! blocks into every receiver's result (`Dev::send`), so the copies run while other tasks
-//! still compute instead of in a pass after the barrier. There, too, the pool's other
-//! threads stay busy through the run (`keep_awake`) and a device task that ends waits
-//! busily for its segment's last one (`DeviceTask::end`), instead of falling asleep at
-//! every barrier to be woken by a futex. Deterministic, deadlock-free (DEPENDENCIES.md
-//! section 2; the busy waits end by themselves after `BUSY_IDLE` without work).
+//! segment as one task on the one rayon pool (devices in parallel; kernels inside split their
+//! work on the same pool: gemm with `Parallelism::Rayon(0)`, batched GEMMs, chunked
+//! elementwise, so busy threads never exceed the pool's). Tasks never block. Between segments,
+//! each collective runs over all device buffers through the [`Communicator`]. Where the
+//! communicator shares memory (in-process devices), an all-to-all whose operand exists when the
+//! segment before its round ends is instead placed by its senders: the results are allocated
+//! before that segment and each device task, as it ends, copies its blocks into every
+//! receiver's result (`Dev::send`), so the copies run while other tasks still compute instead
+//! of in a pass after the barrier. There, too, the pool's other threads stay busy through the
+//! run (`keep_awake`) and a device task that ends waits busily for its segment's last one
+//! (`DeviceTask::end`), instead of falling asleep at every barrier to be woken by a futex.
+//! Deterministic and deadlock-free: no task waits for a peer (the busy waits end by themselves
+//! after `BUSY_IDLE` without work).
 //!
 //! **Memory**: freed buffers go to a per-device pool (exact dtype and length), kept across
 //! runs of the same [`Executable`] and capped at the run's peak of live bytes; a fused group

@@ -1,11 +1,11 @@
 //! Probes of the calling core's speed, for benchmarks on shared machines.
 //!
-//! On a VM whose cores the host shares with other tenants, a core can slow for a second or
-//! more in two ways (`docs/performance.md`, tenth, thirteenth and fourteenth sections):
-//! its FMA rate drops by about 30 % while its caches keep their speed, or its loads from
-//! the caches slow while an FMA loop in registers keeps its rate. GEMM-bound steps slow in
-//! both. `gshard bench` runs both probes around its timed steps and reports the lower
-//! figure of each, so either kind of spell shows next to the step times.
+//! On a VM whose cores the host shares with other tenants, a core can slow for a second or more
+//! in two ways (measured on this project's 2-core development VMs): its FMA rate drops by about
+//! 30 % while its caches keep their speed, or its loads from the caches slow while an FMA loop
+//! in registers keeps its rate. GEMM-bound steps slow in both. `gshard bench` runs both probes
+//! around its timed steps and reports the lower figure of each, so either kind of spell shows
+//! next to the step times.
 //!
 //! - [`fma_gflops`]: [`CHAINS`] independent chains of eight-lane (AVX2-width) FMAs in
 //!   registers: at least the FMA latency times the issue width of current x86 cores, so the
@@ -32,12 +32,11 @@ pub const CHAINS: usize = 10;
 const STEP: (f32, f32) = (0.999_9, 1e-4);
 
 /// Where chain `i` starts: `2 + i`, away from the step's fixed point. The chains once started
-/// at `i` and were written with their values in plain sight: `1.0` is a fixed point of the
-/// step in f32 (`1 * 0.9999 + 1e-4` rounds to 1), so the compiler folded chain 1 into a
-/// constant and the loop ran nine chains where the flop count said ten. Both probes read
-/// 10/9 of the core's true FMA rate, and every share of the peak quoted against them was
-/// 9/10 of the true one (docs/performance.md, twenty-fourth section). The bursts now also
-/// hide the start values and the step from the compiler (`black_box`).
+/// at `i` and were written with their values in plain sight: `1.0` is a fixed point of the step
+/// in f32 (`1 * 0.9999 + 1e-4` rounds to 1), so the compiler folded chain 1 into a constant and
+/// the loop ran nine chains where the flop count said ten. Both probes read 10/9 of the core's
+/// true FMA rate, and every share of the peak quoted against them was 9/10 of the true one. The
+/// bursts now also hide the start values and the step from the compiler (`black_box`).
 fn chain_start(i: usize) -> f32 {
     2.0 + i as f32
 }

@@ -1,5 +1,5 @@
 //! Collectives and device-dependent ops through `runtime::run_spmd` on meshes [x=2], [x=4]
-//! and [a=2, b=2] (SPEC.md section 7), plus their single-device behaviour in `runtime::run`;
+//! and [a=2, b=2] (XLA's semantics), plus their single-device behaviour in `runtime::run`;
 //! the byte encoding transports use, and the process-level helpers with one process.
 
 mod common;
@@ -142,7 +142,7 @@ fn reduce_scatter_max_on_x4_dim1() {
 
 #[test]
 fn all_to_all_spec_example() {
-    // SPEC.md 7: 4 ranks, f32[4,16], split 1, concat 0 -> f32[16,4].
+    // XLA's example: 4 ranks, f32[4,16], split 1, concat 0 -> f32[16,4].
     let p = one_op(
         "x=4",
         &[4, 16],

@@ -1,6 +1,6 @@
 //! Pure functions on shardings: merging two compatible shardings, moving a sharding through
 //! a transpose or a reshape, and the "is this candidate better" test of propagation
-//! (SPEC.md 5.2-5.4, restated for named mesh axes).
+//! (XLA's `IsShardingMoreSpecific` and `MergeSharding`, restated for named mesh axes).
 
 use ir::{Mesh, Sharding};
 
@@ -32,9 +32,9 @@ pub fn merge(a: &Sharding, b: &Sharding) -> Option<Sharding> {
     (sorted.len() == axes.len()).then_some(s)
 }
 
-/// Whether `cand` should replace `cur` (SPEC 5.2): an absent sharding takes anything; else
-/// a compatible merge with more tiles wins; else a strictly more tiled candidate wins.
-/// Ties keep the first sharding that arrived.
+/// Whether `cand` should replace `cur` (as XLA's sharding propagation decides): an absent
+/// sharding takes anything; else a compatible merge with more tiles wins; else a strictly more
+/// tiled candidate wins. Ties keep the first sharding that arrived.
 pub fn improve(cur: Option<&Sharding>, cand: &Sharding, mesh: &Mesh) -> Option<Sharding> {
     let Some(cur) = cur else {
         return Some(cand.clone());

@@ -1,5 +1,5 @@
 //! The annotation API with GShard's names (`replicate`, `split`, `shard`) and GSPMD's
-//! `mesh_split` (SPEC.md 4.1-4.2).
+//! `mesh_split` (Lepikhin et al. 2020, section 3.2; Xu et al. 2021, arXiv 2105.04663).
 //!
 //! An annotation attaches a sharding to a value and marks it as the user's: propagation
 //! never overwrites it. Annotating a value that has no sharding yet sets it in place (the

@@ -1,5 +1,6 @@
-//! Sharding propagation ("completion", SPEC.md 5.1): from the user's annotations to a
-//! sharding for every value of the program, forward and backward, to a fixpoint.
+//! Sharding propagation ("completion", after XLA's `ShardingPropagation`): from the user's
+//! annotations to a sharding for every value of the program, forward and backward, to a
+//! fixpoint.
 //!
 //! The shardings present on the input program are the user's and never change. For each
 //! aggressiveness level 0..=3, forward passes (program order) and backward passes (reverse

@@ -1,6 +1,6 @@
-//! Per-op propagation rules (SPEC.md 5.4): `forward` infers a result sharding from the
-//! operands' shardings, `backward` infers an operand's sharding from a user's result.
-//! One exhaustive `match` over `Op` each, so a new op must decide here.
+//! Per-op propagation rules (after XLA's sharding propagation): `forward` infers a result
+//! sharding from the operands' shardings, `backward` infers an operand's sharding from a user's
+//! result. One exhaustive `match` over `Op` each, so a new op must decide here.
 //!
 //! Levels follow XLA's aggressiveness ladder: level 0 propagates only through ops that
 //! move data without changing it (elementwise, copy, reshape, transpose); level 1 through
@@ -203,7 +203,7 @@ pub fn forward(ctx: &Ctx, i: usize, level: u8) -> Option<Sharding> {
                     from_dims(out_rank, pairs.chain(free)),
                 ));
             }
-            // The larger operand's candidate is primary (SPEC 5.4), then merge the other.
+            // The larger operand's candidate is primary (as in XLA), then merge the other.
             cands.sort_by_key(|c| std::cmp::Reverse(c.0));
             let cands: Vec<Sharding> = cands.into_iter().filter_map(|(_, s)| valid(s)).collect();
             let mut best = cands.first()?.clone();

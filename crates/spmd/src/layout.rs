@@ -1,5 +1,6 @@
-//! Where a device's shard sits in the global tensor (SPEC.md 4.4): pure index arithmetic
-//! shared by the partitioner, the input sharding of host tensors and output assembly.
+//! Where a device's shard sits in the global tensor (XLA's tile offsets: `ceil(n / tiles)` per
+//! tile): pure index arithmetic shared by the partitioner, the input sharding of host tensors
+//! and output assembly.
 
 use ir::{Mesh, Sharding};
 

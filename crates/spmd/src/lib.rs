@@ -1,8 +1,8 @@
-//! The SPMD partitioner (SPEC.md 6): from a program whose every value has a sharding, ONE
-//! program that every device runs on its shard. Local shapes replace global ones,
-//! collectives are ordinary IR ops naming mesh axes, and a device's offsets are computed at
-//! run time from `partition_id` and the mesh strides, so the emitted program, and the time
-//! to emit it, do not grow with the device count.
+//! The SPMD partitioner (GShard section 3.3; GSPMD, Xu et al. 2021, arXiv 2105.04663): from a
+//! program whose every value has a sharding, ONE program that every device runs on its shard.
+//! Local shapes replace global ones, collectives are ordinary IR ops naming mesh axes, and a
+//! device's offsets are computed at run time from `partition_id` and the mesh strides, so the
+//! emitted program, and the time to emit it, do not grow with the device count.
 //!
 //! Structure (after XLA's partitioner): a [`PartitionedValue`] per global value, the one
 //! [`reshard::reshard`] between any two shardings, per-op-family handlers, and a cost model

@@ -1,4 +1,5 @@
-//! The one `reshard()` (SPEC.md 6.2): move a value from any sharding to any other.
+//! The one `reshard()` (after XLA's `ReshardNoCache`): move a value from any sharding to any
+//! other.
 //!
 //! Planning and emission are separate so the dot-general cost model prices exactly the
 //! collectives that would be emitted. When `S` and `T` cut every dim into the same number of

@@ -1,5 +1,6 @@
-//! GShard Table 4 (SPEC.md section 8) as golden IR text: which collectives each sharded op
-//! needs. Regenerate the snapshots with `UPDATE_EXPECT=1 cargo test -p spmd --test table4`.
+//! GShard Table 4 (Lepikhin et al. 2020, arXiv 2006.16668) as golden IR text: which
+//! collectives each sharded op needs. Regenerate the snapshots with
+//! `UPDATE_EXPECT=1 cargo test -p spmd --test table4`.
 
 use expect_test::{expect, Expect};
 use ir::{Builder, DType, Mesh, Type};

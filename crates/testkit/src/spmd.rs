@@ -73,9 +73,10 @@ pub fn shard_host(t: &HostTensor, s: &Sharding, mesh: &Mesh, pos: usize) -> Host
     shard_host_padded(t, s, mesh, pos, 0.0)
 }
 
-/// The value [`run_partitioned`] puts in the padding of input shards: padding is undefined
-/// (SPEC.md 4.5), so a partitioned program that reads it without masking must show it.
-/// NaN for floats, a large odd number for i32, `true` for bool.
+/// The value [`run_partitioned`] puts in the padding of input shards: padding is undefined (an
+/// uneven shard's tail holds whatever the device had there), so a partitioned program that
+/// reads it without masking must show it. NaN for floats, a large odd number for i32, `true`
+/// for bool.
 pub fn poison(dtype: DType) -> f64 {
     match dtype {
         DType::F32 | DType::F64 | DType::BF16 => f64::NAN,

@@ -10,16 +10,15 @@
 //! its innermost dim stays innermost so the copy moves contiguous runs. Batch dims never need
 //! merging: each batch entry has its own offset.
 //!
-//! **Kernels**: f32 runs on our AVX2/FMA micro-kernel GEMM ([`super::sgemm`]: packing reads
-//! any strides, a transposed result is computed as `B^T A^T`, and all-zero rows of the
-//! expert buffer are skipped exactly); f64, and f32 on CPUs without AVX2/FMA, run on `gemm`
-//! 0.19 (AVX-512 with the `x86-v4` feature). bf16
-//! operands are widened to f32, multiplied with f32 accumulation and rounded once to bf16.
-//! i32 uses wrapping integer loops. With a batch of at least `2 x` the pool's threads, the
-//! batch is split over the rayon pool with one single-threaded GEMM per entry (DEPENDENCIES.md:
-//! experts in parallel beat splitting each GEMM); otherwise each GEMM is split over the pool
-//! (f32: the larger of M and N in whole tiles; `gemm`: `Parallelism::Rayon(0)`, which nests
-//! into the current pool).
+//! **Kernels**: f32 runs on our AVX2/FMA micro-kernel GEMM ([`super::sgemm`]: packing reads any
+//! strides, a transposed result is computed as `B^T A^T`, and all-zero rows of the expert
+//! buffer are skipped exactly); f64, and f32 on CPUs without AVX2/FMA, run on `gemm` 0.19
+//! (AVX-512 with the `x86-v4` feature). bf16 operands are widened to f32, multiplied with f32
+//! accumulation and rounded once to bf16. i32 uses wrapping integer loops. With a batch of at
+//! least `2 x` the pool's threads, the batch is split over the rayon pool with one
+//! single-threaded GEMM per entry (experts in parallel measured faster than splitting each
+//! GEMM); otherwise each GEMM is split over the pool (f32: the larger of M and N in whole
+//! tiles; `gemm`: `Parallelism::Rayon(0)`, which nests into the current pool).
 //!
 //! **Sparse path** (the one-hot dispatch/combine einsums of MoE): for a float dot with at
 //! least 16 flops per operand element, the executor lists the non-zeros of the lhs, then

@@ -1,6 +1,6 @@
-//! Collectives over all device buffers at once (SPEC.md section 7). `groups` are replica
-//! groups from `Mesh::groups(axes)`: every device is in exactly one, and a device's rank is
-//! its position in its group. `args[d][0]` is device `d`'s operand.
+//! Collectives over all device buffers at once (XLA's collective semantics). `groups` are
+//! replica groups from `Mesh::groups(axes)`: every device is in exactly one, and a device's
+//! rank is its position in its group. `args[d][0]` is device `d`'s operand.
 //!
 //! - all_reduce: the elementwise reduction over the group (rank order, f64 accumulation).
 //! - all_gather: the group's values concatenated along `dim` in rank order.

@@ -1,7 +1,7 @@
-//! Convolution (SPEC.md 6.3, [GS] App. A.4). A batch or output-feature split needs no
-//! communication; a split input-feature dim leaves the local result a pending partial sum,
-//! like a dot's contracting dim. A spatial dim split over mesh axes `A` is computed from
-//! each device's own tile plus halos from its two neighbours along `A`:
+//! Convolution (GShard, Lepikhin et al. 2020, App. A.4). A batch or output-feature split needs
+//! no communication; a split input-feature dim leaves the local result a pending partial sum,
+//! like a dot's contracting dim. A spatial dim split over mesh axes `A` is computed from each
+//! device's own tile plus halos from its two neighbours along `A`:
 //!
 //! - *window* (kernel dim whole): each device computes its own output tile. With stride 1
 //!   it needs `pad_lo` elements of its left neighbour and `K - 1 - pad_lo` of its right one

@@ -1,9 +1,8 @@
-//! Dot-general (SPEC.md 6.3): normalise into batch / contracting / free dim groups, then
-//! choose among layouts by the bytes the reshards would move:
-//! keep the lhs layout and bring the rhs to match; keep the rhs layout; take the output's
-//! layout for both (no partial sums); or replicate both. A split contracting dim leaves the
-//! local result a pending partial sum, which the driver's reshard turns into an all-reduce
-//! or a reduce-scatter.
+//! Dot-general (after XLA's dot handler): normalise into batch / contracting / free dim groups,
+//! then choose among layouts by the bytes the reshards would move: keep the lhs layout and
+//! bring the rhs to match; keep the rhs layout; take the output's layout for both (no partial
+//! sums); or replicate both. A split contracting dim leaves the local result a pending partial
+//! sum, which the driver's reshard turns into an all-reduce or a reduce-scatter.
 
 use super::to;
 use crate::ctx::Ctx;

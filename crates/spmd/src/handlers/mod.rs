@@ -1,7 +1,7 @@
-//! Per-op-family partitioning handlers (SPEC.md 6.3). Each handler reshards the operands to
-//! what the op needs, emits the local op, and returns the result with the sharding it has
-//! (possibly with pending partial sums); the driver then reshards it to the instruction's
-//! assigned sharding. One exhaustive `match` over `Op` dispatches.
+//! Per-op-family partitioning handlers (after XLA's SPMD partitioner). Each handler reshards
+//! the operands to what the op needs, emits the local op, and returns the result with the
+//! sharding it has (possibly with pending partial sums); the driver then reshards it to the
+//! instruction's assigned sharding. One exhaustive `match` over `Op` dispatches.
 
 mod conv;
 mod data;
