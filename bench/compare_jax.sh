@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Step time and compile time of the GShard MoE layer (forward + backward): ours
-# (`gshard bench moe-layer --json`) against JAX/XLA (`step_time.py` of the JAX anchor), run
+# (`gshard bench moe-layer --json`) against JAX/XLA (bench/jax/step_time.py), run
 # back to back, alternating (who goes first alternates by round), for several rounds, at 1
-# and 8 devices, on the issue's shape G=128 S=128 E=128 M=256 H=1024 C=2 and a smaller one.
+# and 8 devices, on the large shape G=128 S=128 E=128 M=256 H=1024 C=2 and a smaller one.
 # Prints one JSON line per run and a table of medians with the ratios ours/JAX (step time;
 # partition+prepare vs lower+compile), the median (and range) of each round's own ratio, and
 # the cores' rates probed around every run, ours and JAX's (`gshard bench probe`: FMA chains
@@ -12,17 +12,15 @@
 # spell of a lower clock from one of shared pipes; the two sides' runs alternate, so a
 # spell can fall on either).
 #
-# Usage: bench/compare_jax.sh [ANCHOR_DIR]     (run from anywhere; builds target/release)
-#   ANCHOR_DIR or $JAX_ANCHOR: the JAX harness (default: ../shared/anchors/jax relative to
-#   the repository root). Env: ROUNDS (default 3), STEPS (default 10), DEVICES ("1 8"),
+# Usage: bench/compare_jax.sh     (run from anywhere; builds target/release)
+#   Env: ROUNDS (default 3), STEPS (default 10), DEVICES ("1 8"),
 #   SHAPES ("large small"), QUIET_LOAD (wait until the 1-minute load average is below it
 #   before each run, default 1.5; waits at most QUIET_WAIT seconds, default 120),
 #   OUT (JSON lines file, default bench/results/compare_jax.jsonl).
-# Sets up the JAX venv under /tmp/jaxenv if missing (needs the PyPI registry).
+# Sets up the JAX venv if missing (bench/jax/venv.sh).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-anchor="${1:-${JAX_ANCHOR:-$root/../shared/anchors/jax}}"
 rounds="${ROUNDS:-3}"
 steps="${STEPS:-10}"
 devices="${DEVICES:-1 8}"
@@ -30,16 +28,8 @@ shapes="${SHAPES:-large small}"
 quiet_load="${QUIET_LOAD:-1.5}"
 quiet_wait="${QUIET_WAIT:-120}"
 out="${OUT:-$root/bench/results/compare_jax.jsonl}"
-venv=/tmp/jaxenv
-
-if [ ! -f "$anchor/step_time.py" ]; then
-    echo "no JAX harness at $anchor (pass its directory or set JAX_ANCHOR)" >&2
-    exit 2
-fi
-if [ ! -x "$venv/bin/python" ]; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q jax jaxlib numpy safetensors
-fi
+# shellcheck source=bench/jax/venv.sh
+. "$root/bench/jax/venv.sh"
 (cd "$root" && cargo build --release -p cli -q)
 gshard="$root/target/release/gshard"
 mkdir -p "$(dirname "$out")"
@@ -75,23 +65,23 @@ for round in $(seq 1 "$rounds"); do
                 if [ "$who" = ours ]; then
                     # shellcheck disable=SC2086
                     line=$("$gshard" bench moe-layer $args --devices "$d" --steps "$steps" --warmup 2 --json)
-                    step=$(echo "$line" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["step_seconds"])')
-                    comp=$(echo "$line" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["partition_seconds"])')
+                    step=$(echo "$line" | "$jax_python" -c 'import json,sys; print(json.load(sys.stdin)["step_seconds"])')
+                    comp=$(echo "$line" | "$jax_python" -c 'import json,sys; print(json.load(sys.stdin)["partition_seconds"])')
                 else
                     # The same probes as ours, just before and just after (the lower of each).
                     pre=$("$gshard" bench probe --json)
                     # shellcheck disable=SC2086
-                    line=$("$venv/bin/python" "$anchor/step_time.py" $args --devices "$d" --steps "$steps" --warmup 2 2>/dev/null | tail -1)
+                    line=$("$jax_python" "$root/bench/jax/step_time.py" $args --devices "$d" --steps "$steps" --warmup 2 2>/dev/null | tail -1)
                     post=$("$gshard" bench probe --json)
-                    line=$(printf '%s\n%s\n%s\n' "$line" "$pre" "$post" | "$venv/bin/python" -c '
+                    line=$(printf '%s\n%s\n%s\n' "$line" "$pre" "$post" | "$jax_python" -c '
 import json, sys
 run, pre, post = (json.loads(l) for l in sys.stdin.read().split("\n")[:3])
 for k in ("core_fma_gflops", "core_gemm_gflops", "core_clock_ghz"):
     a, b = pre.get(k), post.get(k)
     run[k] = min(a, b) if a is not None and b is not None else None
 print(json.dumps(run))')
-                    step=$(echo "$line" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["step_seconds"])')
-                    comp=$(echo "$line" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["compile_seconds"])')
+                    step=$(echo "$line" | "$jax_python" -c 'import json,sys; print(json.load(sys.stdin)["step_seconds"])')
+                    comp=$(echo "$line" | "$jax_python" -c 'import json,sys; print(json.load(sys.stdin)["compile_seconds"])')
                 fi
                 printf '{"round": %s, "shape": "%s", "devices": %s, "who": "%s", "load": %s, "step_seconds": %s, "compile_seconds": %s, "raw": %s}\n' \
                     "$round" "$shape" "$d" "$who" "$load" "$step" "$comp" "$line" | tee -a "$out"
@@ -100,7 +90,7 @@ print(json.dumps(run))')
     done
 done
 
-"$venv/bin/python" - "$out" <<'EOF'
+"$jax_python" - "$out" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 keys = sorted({(r["shape"], r["devices"]) for r in rows}, key=lambda k: (k[0] != "large", k[1]))

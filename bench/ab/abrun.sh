@@ -9,7 +9,7 @@
 # per-pair ratios (new-path step / old-path step, adjacent steps) is the effect.
 #
 # Usage: git apply bench/ab/step_parity.patch; wire `crate::exec::ab_on()` into the change;
-#        cargo build --release; bench/ab/abrun.sh DEVICES STEPS   (LARGE=1: the shape)
+#        cargo build --release; bench/ab/abrun.sh DEVICES STEPS   (LARGE=1: the large shape)
 # Prints the median step of the runs with the flag off (the new path) and on (the old path)
 # and the median of the paired ratios on/off: above 1, the change saves that fraction.
 # Revert the patch before committing.

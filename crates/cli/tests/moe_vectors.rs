@@ -1,7 +1,8 @@
 //! `gshard export moe-layer` + `gshard run` reproduce every JAX vector file in
-//! ../shared/testdata/moe-top2 (floats at rtol/atol 1e-5 in f32 and 1e-10 in f64, routing
-//! exactly), on one device and partitioned over `expert=2` and `expert=4` where the shapes
-//! divide. Skips with a notice when ../shared is absent.
+//! `$GSHARD_MOE_VECTORS`, or else ../shared/testdata/moe-top2 (CI's copy), as
+//! `bench/jax/vectors.py` writes them (floats at rtol/atol 1e-5 in f32 and 1e-10 in f64,
+//! routing exactly), on one device and partitioned over `expert=2` and `expert=4` where the
+//! shapes divide. Skips with a notice when there is no such directory.
 
 use runtime::HostTensor;
 use std::collections::HashMap;
@@ -39,7 +40,9 @@ fn meta_num(meta: &HashMap<String, String>, k: &str) -> String {
 
 #[test]
 fn moe_layer_matches_jax_vectors() {
-    let dir = root().join("../shared/testdata/moe-top2");
+    let dir = std::env::var_os("GSHARD_MOE_VECTORS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("../shared/testdata/moe-top2"));
     let Ok(entries) = std::fs::read_dir(&dir) else {
         println!(
             "NOTICE: {} is absent; skipping the JAX vector comparison",
@@ -142,7 +145,7 @@ fn moe_layer_matches_jax_vectors() {
                     );
                 }
             }
-            // Every output the issue names must be present in the file and compared.
+            // The routing, the expert buffers, the outputs and the gradients: all compared.
             assert!(
                 compared >= 17,
                 "{}: only {compared} tensors compared",
