@@ -1,7 +1,7 @@
-//! The SPMD oracle as a property (DESIGN.md "Testing"): for random programs, shapes,
-//! shardings and meshes, `gather(run_spmd(partition(p)))` equals `run(p)` on one device
-//! (`testkit::spmd::check_spmd_matches`, which fills the padding of every input shard with
-//! NaN / garbage, so an op that reads padding unmasked is caught).
+//! The SPMD oracle as a property: for random programs, shapes, shardings and meshes,
+//! `gather(run_spmd(partition(p)))` equals `run(p)` on one device
+//! (`testkit::spmd::check_spmd_matches`, which fills the padding of every input shard with NaN
+//! / garbage, so an op that reads padding unmasked is caught).
 //!
 //! A case is two byte strings and a value seed. The *program* bytes decide the ops, their
 //! attributes and shapes (dims from 0 to 16, most of them not dividing 2, 4 or 8); the
