@@ -47,7 +47,8 @@ pub fn with_backend(args: &BackendArgs, f: impl FnOnce(Mpi) -> Result<()>) -> Re
             })?);
             let (rank, size) = (comm.rank(), comm.size());
             // Ranks on one machine share its cores: give each rank's kernels its share
-            // (DEPENDENCIES.md section 2), unless RAYON_NUM_THREADS says otherwise.
+            // (more threads than cores slow every rank), unless RAYON_NUM_THREADS says
+            // otherwise.
             if std::env::var_os("RAYON_NUM_THREADS").is_none() {
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
                 let threads = (cores / comm.local_ranks()).max(1);

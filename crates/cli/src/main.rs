@@ -53,6 +53,14 @@ enum Command {
     Data(cmd::data::Args),
 }
 
+/// The signal that stopped a training run, if that is what `e` is.
+fn interrupted(e: &anyhow::Error) -> Option<i32> {
+    match e.downcast_ref::<train::trainer::TrainError>() {
+        Some(train::trainer::TrainError::Interrupted { signal, .. }) => Some(*signal),
+        _ => None,
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -71,6 +79,12 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // A run stopped by SIGINT / SIGTERM after saving its work: say where, and exit as
+        // the signal would (130 / 143).
+        Err(e) if interrupted(&e).is_some() => {
+            eprintln!("{e}");
+            ExitCode::from(128 + interrupted(&e).unwrap_or(0) as u8)
+        }
         Err(e) => {
             // One line: the context chain joined, so scripts can grep it.
             let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();

@@ -18,11 +18,18 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use thiserror::Error;
 
+impl From<SafeTensorError> for IoError {
+    fn from(e: SafeTensorError) -> IoError {
+        IoError::Format(e)
+    }
+}
+
 /// A safetensors buffer that cannot be read or tensors that cannot be written.
 #[derive(Debug, Error)]
 pub enum IoError {
+    /// The cause is in the message, not chained as a source, so a printed chain says it once.
     #[error("not a valid safetensors buffer: {0}")]
-    Format(#[from] SafeTensorError),
+    Format(SafeTensorError),
     #[error("safetensors tensor `{name}` has dtype {dtype}, which has no lossless equivalent among f32, f64, bf16, i32, bool; convert it before saving")]
     UnsupportedDType { name: String, dtype: String },
     #[error("safetensors tensor `{name}` ({dtype}) holds {value} at element {index}, which does not fit in i32; only in-range integer tensors can be loaded")]

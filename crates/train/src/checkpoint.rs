@@ -1,5 +1,6 @@
 //! Checkpoints: every parameter and optimizer-state tensor in one safetensors file, with the
-//! step, the run's config and a SHA-256 of the tensor data in its metadata. Written
+//! step, the run's config and a SHA-256 over the format, step, config and tensor data in its
+//! metadata (so an edited step or config is caught like a flipped bit). Written
 //! atomically (temporary file in the same directory, fsync, rename), so a crash mid-write
 //! leaves the previous checkpoint intact; a truncated, corrupt or mismatched file is a clear
 //! error, never a panic or silently wrong numbers.
@@ -11,7 +12,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-const FORMAT: &str = "gshard-checkpoint-1";
+/// The format written. Version 1 files (whose checksum covers the tensors only) still load.
+const FORMAT: &str = "gshard-checkpoint-2";
+const FORMAT_V1: &str = "gshard-checkpoint-1";
 
 #[derive(Debug, Error)]
 pub enum CheckpointError {
@@ -36,8 +39,15 @@ pub struct Checkpoint {
     pub tensors: HashMap<String, HostTensor>,
 }
 
-fn digest(tensors: &[(String, &HostTensor)]) -> String {
+/// The checksum: over `(format, step, config)` when given (version 2), then the tensors.
+fn digest(header: Option<(&str, u64, &str)>, tensors: &[(String, &HostTensor)]) -> String {
     let mut h = Sha256::new();
+    if let Some((format, step, config)) = header {
+        for field in [format.as_bytes(), &step.to_le_bytes(), config.as_bytes()] {
+            h.update((field.len() as u64).to_le_bytes());
+            h.update(field);
+        }
+    }
     for (name, t) in tensors {
         h.update(name.as_bytes());
         h.update([0]);
@@ -67,7 +77,10 @@ pub fn save(path: &Path, ck: &Checkpoint) -> Result<(), CheckpointError> {
         ("format".to_string(), FORMAT.to_string()),
         ("step".to_string(), ck.step.to_string()),
         ("config".to_string(), ck.config.clone()),
-        ("sha256".to_string(), digest(&tensors)),
+        (
+            "sha256".to_string(),
+            digest(Some((FORMAT, ck.step, &ck.config)), &tensors),
+        ),
     ]);
     let bytes = runtime::io::write_safetensors(&tensors, Some(meta)).map_err(|e| {
         CheckpointError::Corrupt {
@@ -85,12 +98,26 @@ pub fn save(path: &Path, ck: &Checkpoint) -> Result<(), CheckpointError> {
         path.file_name().unwrap_or_default().to_string_lossy(),
         std::process::id()
     ));
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(&bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(io)?;
-    Ok(())
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        // The rename itself is durable once the directory is synced.
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        // A full disk or a failed rename leaves the previous checkpoint, and no half file.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(io)
+}
+
+/// Whether `name` is a temporary file that [`save`] writes before its rename (left behind
+/// only by a process that was killed mid-write).
+pub fn is_temporary(name: &str) -> bool {
+    name.starts_with('.') && name.contains(".safetensors.tmp")
 }
 
 /// Read and verify a checkpoint.
@@ -105,10 +132,10 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     };
     let (list, meta) = runtime::io::read_safetensors(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let meta = meta.ok_or_else(|| corrupt("no metadata".into()))?;
-    if meta.get("format").map(String::as_str) != Some(FORMAT) {
+    let format = meta.get("format").map(String::as_str);
+    if format != Some(FORMAT) && format != Some(FORMAT_V1) {
         return Err(corrupt(format!(
-            "not a gshard checkpoint (format {:?})",
-            meta.get("format")
+            "not a gshard checkpoint (format {format:?})"
         )));
     }
     let step: u64 = meta
@@ -123,8 +150,11 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     let want = meta
         .get("sha256")
         .ok_or_else(|| corrupt("missing checksum".into()))?;
-    if digest(&sorted(&tensors)) != *want {
-        return Err(corrupt("tensor data does not match its checksum".into()));
+    let header = (format == Some(FORMAT)).then_some((FORMAT, step, config.as_str()));
+    if digest(header, &sorted(&tensors)) != *want {
+        return Err(corrupt(
+            "its step, config or tensor data does not match its checksum".into(),
+        ));
     }
     Ok(Checkpoint {
         step,

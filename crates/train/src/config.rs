@@ -9,6 +9,44 @@ use nn::transformer::{Layout, MoeConfig, TransformerConfig};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+/// Most devices a training mesh may have.
+pub const MAX_DEVICES: usize = 1 << 20;
+/// Longest sequence, largest model dimension, largest vocabulary, largest capacity factor
+/// that validation accepts (far beyond what fits; the memory check before running refuses
+/// what does not fit this machine).
+const MAX_LEN: usize = 1 << 16;
+const MAX_DIM: usize = 1 << 24;
+const MAX_VOCAB: usize = 1 << 22;
+const MAX_CAPACITY_FACTOR: f64 = 1e4;
+
+/// `value` in `[lo, hi]`, or an error naming the field and the range.
+fn in_range(field: &str, value: usize, lo: usize, hi: usize) -> Result<(), ConfigError> {
+    if (lo..=hi).contains(&value) {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "{field} = {value}: use a value from {lo} to {hi}"
+        )))
+    }
+}
+
+/// Lay `user` over `base`: tables merge key by key, anything else replaces. A table whose
+/// `kind` differs from the base table's replaces it whole (another variant, other fields).
+fn overlay(base: &mut toml::Table, user: toml::Table) {
+    for (k, v) in user {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(u))
+                if u.get("kind").is_none_or(|kind| b.get("kind") == Some(kind)) =>
+            {
+                overlay(b, u)
+            }
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("config {path}: {msg}")]
@@ -31,6 +69,10 @@ pub struct TrainConfig {
     pub eval_every: u64,
     /// Checkpoint every N steps (and at the end).
     pub checkpoint_every: u64,
+    /// Stop the run after this many steps in a row whose loss or gradient norm is not
+    /// finite. Such a step is never applied: the weights and optimizer state stay as they
+    /// were, and no checkpoint of non-finite values is ever written.
+    pub nonfinite_limit: u64,
     pub mesh: MeshConfig,
     pub data: DataConfig,
     pub model: ModelConfig,
@@ -94,7 +136,7 @@ pub struct ModelConfig {
     pub second_expert: String,
     pub threshold: f64,
     pub aux_loss_coef: f64,
-    /// "relu" or "gelu_tanh".
+    /// "relu" or "gelu_tanh" (also spelled "gelu-tanh", as on the command line).
     pub activation: String,
     pub dropout: f64,
     pub label_smoothing: f64,
@@ -118,6 +160,7 @@ impl Default for TrainConfig {
             log_every: 10,
             eval_every: 100,
             checkpoint_every: 100,
+            nonfinite_limit: 1,
             mesh: MeshConfig::default(),
             data: DataConfig::default(),
             model: ModelConfig::default(),
@@ -191,12 +234,23 @@ impl Default for EvalConfig {
 }
 
 impl TrainConfig {
-    /// Parse TOML; errors name the field and say what type it needs.
+    /// Parse TOML; errors name the field and say what type it needs. Every field is
+    /// optional: the text is laid over the main job's config ([`TrainConfig::default`]) table
+    /// by table, so `[optimizer.lr]` with only `base` keeps the default's other settings. A
+    /// table whose `kind` differs from the default's (`[optimizer] kind = "adam"`) replaces
+    /// the default's table instead, taking that kind's own defaults.
     pub fn from_toml(text: &str, path: &str) -> Result<TrainConfig, ConfigError> {
-        let cfg: TrainConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let parse_err = |msg: String| ConfigError::Parse {
             path: path.to_string(),
-            msg: e.to_string().replace('\n', " "),
-        })?;
+            msg: msg.replace('\n', " ").trim().to_string(),
+        };
+        let user: toml::Table = toml::from_str(text).map_err(|e| parse_err(e.to_string()))?;
+        let mut merged: toml::Table =
+            toml::from_str(&TrainConfig::default().to_toml()).expect("the default config parses");
+        overlay(&mut merged, user);
+        let cfg: TrainConfig = toml::Value::Table(merged)
+            .try_into()
+            .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -205,8 +259,10 @@ impl TrainConfig {
         toml::to_string(self).expect("configs serialise")
     }
 
+    /// The device count of the mesh (saturating: validation refuses more than
+    /// [`MAX_DEVICES`]).
     pub fn devices(&self) -> usize {
-        self.mesh.data * self.mesh.expert
+        self.mesh.data.saturating_mul(self.mesh.expert)
     }
 
     /// The mesh (`data x expert`).
@@ -223,45 +279,102 @@ impl TrainConfig {
         }
     }
 
-    /// Check every constraint between the fields, with the fix in the message.
+    /// Check every field's range and every constraint between the fields; the message names
+    /// the field, its value and the fix. Never panics, whatever the values.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         let (d, e) = (self.mesh.data, self.mesh.expert);
         if d == 0 || e == 0 {
-            return bad("mesh sizes must be at least 1".into());
-        }
-        let n = d * e;
-        let m = &self.model;
-        if self.data.batch_size == 0 || !self.data.batch_size.is_multiple_of(n) {
             return bad(format!(
-                "data.batch_size = {} does not divide over the {n} devices of mesh data={d} x expert={e}; use a multiple of {n}",
-                self.data.batch_size
+                "mesh data={d} x expert={e}: every mesh axis needs at least 1 device"
             ));
         }
-        if self.data.max_len < 4 {
-            return bad("data.max_len must be at least 4".into());
+        let n = match d.checked_mul(e) {
+            Some(n) if n <= MAX_DEVICES => n,
+            _ => {
+                return bad(format!(
+                    "mesh data={d} x expert={e} has more than {MAX_DEVICES} devices; use a smaller mesh"
+                ))
+            }
+        };
+        let data = &self.data;
+        let m = &self.model;
+        if self.nonfinite_limit == 0 {
+            return bad("nonfinite_limit = 0: use at least 1 (the run stops after that many non-finite steps in a row)".into());
         }
-        if m.model_dim == 0
-            || m.heads == 0
-            || m.head_dim == 0
-            || m.ffn_dim == 0
-            || m.dec_layers == 0
+        if data.batch_size == 0 {
+            return bad(format!(
+                "data.batch_size = 0: a batch needs at least one sentence pair per device; use a multiple of {n}"
+            ));
+        }
+        if !data.batch_size.is_multiple_of(n) {
+            return bad(format!(
+                "data.batch_size = {} does not divide over the {n} devices of mesh data={d} x expert={e}; use a multiple of {n}",
+                data.batch_size
+            ));
+        }
+        in_range("data.max_len", data.max_len, 4, MAX_LEN)?;
+        in_range("data.max_langs", data.max_langs, 1, 10_000)?;
+        in_range("data.dev_size", data.dev_size, 1, 1 << 24)?;
+        in_range("data.vocab_size", data.vocab_size, 256, MAX_VOCAB)?;
+        in_range(
+            "data.tokenizer_pairs_per_lang",
+            data.tokenizer_pairs_per_lang,
+            1,
+            1 << 30,
+        )?;
+        if !(data.temperature.is_finite() && data.temperature > 0.0) {
+            return bad(format!(
+                "data.temperature = {}: use a finite value > 0 (1 samples languages by size, larger values flatten)",
+                data.temperature
+            ));
+        }
+        if data.batch_size.checked_mul(data.max_len).is_none() {
+            return bad("data.batch_size x data.max_len overflows; use smaller values".into());
+        }
+        for (field, v) in [
+            ("model.model_dim", m.model_dim),
+            ("model.heads", m.heads),
+            ("model.head_dim", m.head_dim),
+            ("model.ffn_dim", m.ffn_dim),
+            ("model.dec_layers", m.dec_layers),
+        ] {
+            in_range(field, v, 1, MAX_DIM)?;
+        }
+        in_range("model.enc_layers", m.enc_layers, 0, MAX_DIM)?;
+        in_range("model.expert_dim", m.expert_dim, 0, MAX_DIM)?;
+        in_range("model.moe_every", m.moe_every, 0, MAX_DIM)?;
+        if m.heads.checked_mul(m.head_dim).is_none_or(|x| x > MAX_DIM) {
+            return bad(format!(
+                "model.heads x model.head_dim = {} x {} is over {MAX_DIM}; use smaller values",
+                m.heads, m.head_dim
+            ));
+        }
+        if !(m.capacity_factor.is_finite()
+            && (0.0..=MAX_CAPACITY_FACTOR).contains(&m.capacity_factor))
         {
-            return bad("model sizes and dec_layers must be at least 1".into());
+            return bad(format!(
+                "model.capacity_factor = {}: use a finite value in [0, {MAX_CAPACITY_FACTOR}] (GShard uses 2)",
+                m.capacity_factor
+            ));
+        }
+        for (field, v) in [
+            ("model.threshold", m.threshold),
+            ("model.aux_loss_coef", m.aux_loss_coef),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(format!("{field} = {v}: use a finite value >= 0"));
+            }
         }
         if m.moe_every > 0 && m.experts > 0 {
-            if m.experts < 2 {
-                return bad(
-                    "model.experts must be 0 (dense) or at least 2 for top-2 gating".into(),
-                );
-            }
+            in_range("model.experts", m.experts, 2, MAX_DIM)?;
             if !m.experts.is_multiple_of(e) {
                 return bad(format!(
                     "model.experts = {} does not divide over mesh axis expert={e}; use a multiple of {e} or change mesh.expert",
                     m.experts
                 ));
             }
-            let tokens = self.data.batch_size * self.data.max_len;
+            let tokens = data.batch_size * data.max_len;
             if m.group_size == 0
                 || !tokens.is_multiple_of(m.group_size)
                 || !(tokens / m.group_size).is_multiple_of(n)
@@ -274,19 +387,46 @@ impl TrainConfig {
         }
         self.policy()?;
         self.activation()?;
-        if !(0.0..1.0).contains(&m.dropout) || !(0.0..1.0).contains(&m.label_smoothing) {
-            return bad("model.dropout and model.label_smoothing must be in [0, 1)".into());
+        for (field, v) in [
+            ("model.dropout", m.dropout),
+            ("model.label_smoothing", m.label_smoothing),
+        ] {
+            if !(0.0..1.0).contains(&v) {
+                return bad(format!("{field} = {v}: use a value in [0, 1)"));
+            }
         }
-        if self.eval.beam == 0 {
-            return bad("eval.beam must be at least 1".into());
+        if self.eval.beam == 0 || self.eval.beam > data.batch_size {
+            return bad(format!(
+                "eval.beam = {}: use a width from 1 (greedy) to data.batch_size = {}",
+                self.eval.beam, data.batch_size
+            ));
         }
-        if self.data.temperature <= 0.0 {
-            return bad("data.temperature must be positive".into());
+        if !self.eval.length_penalty.is_finite() {
+            return bad(format!(
+                "eval.length_penalty = {}: use a finite value (0 = none, 0.6 is usual)",
+                self.eval.length_penalty
+            ));
         }
         self.optimizer
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(())
+    }
+
+    /// Settings that are valid but likely not what the user meant, one message each (the CLI
+    /// prints them before training).
+    pub fn warnings(&self) -> Vec<String> {
+        let m = &self.model;
+        let mut out = Vec::new();
+        if m.moe_every > 0 && m.experts > 0 && m.capacity_factor < 1.0 {
+            let c = nn::capacity::gshard(m.group_size, m.experts, m.capacity_factor);
+            let fair = nn::capacity::gshard(m.group_size, m.experts, 1.0);
+            out.push(format!(
+                "model.capacity_factor = {} gives each expert {c} slot(s) per group of {} tokens where a balanced top-2 load needs {fair}: a large share of tokens will be dropped (GShard uses 2)",
+                m.capacity_factor, m.group_size
+            ));
+        }
+        out
     }
 
     fn policy(&self) -> Result<SecondPolicy, ConfigError> {
@@ -305,7 +445,7 @@ impl TrainConfig {
     fn activation(&self) -> Result<Activation, ConfigError> {
         match self.model.activation.as_str() {
             "relu" => Ok(Activation::Relu),
-            "gelu_tanh" => Ok(Activation::GeluTanh),
+            "gelu_tanh" | "gelu-tanh" => Ok(Activation::GeluTanh),
             other => Err(ConfigError::Invalid(format!(
                 "model.activation = {other:?}: use \"relu\" or \"gelu_tanh\""
             ))),

@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod devices;
+pub mod memory;
 pub mod metrics;
 pub mod optim;
 pub mod plots;

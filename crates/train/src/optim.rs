@@ -1,6 +1,6 @@
 //! Optimizers as IR: the parameter update is appended to the training-step program, so
 //! optimizer state is an ordinary program input that propagation shards like its parameter
-//! and the partitioner updates locally (SPEC.md 3: GShard trains with Adafactor).
+//! and the partitioner updates locally (GShard, Lepikhin et al. 2020, trains with Adafactor).
 //!
 //! # Protocol
 //!
@@ -37,7 +37,7 @@
 //! Learning-rate schedules ([`LrSchedule`]), with `t` the 1-based step:
 //! - `constant`: `lr(t) = value`;
 //! - `rsqrt`: `lr(t) = base * min(t / warmup, 1) * rsqrt(max(t, warmup))` with
-//!   `linear_warmup` (the default), `lr(t) = base * rsqrt(max(t, warmup))` without.
+//!   `linear_warmup`, `lr(t) = base * rsqrt(max(t, warmup))` without (the default).
 //!   `warmup_steps = 0` means no warm-up factor and `lr = base * rsqrt(t)`.
 //!   Adafactor's *relative step* `min(1e-2, 1/sqrt(t))` (the GShard setting "1.0 with
 //!   inverse-sqrt decay after 10k steps") is `rsqrt { base: 1, warmup_steps: 10000,
@@ -158,10 +158,6 @@ fn check(
     }
 }
 
-fn default_true() -> bool {
-    true
-}
-
 /// A learning-rate schedule as a function of the 1-based step `t` (formulas in the module
 /// doc). Serialized as `{"kind": "constant", "value": 0.1}` or `{"kind": "rsqrt", "base":
 /// 1.0, "warmup_steps": 10000, "linear_warmup": false}`.
@@ -175,7 +171,8 @@ pub enum LrSchedule {
     Rsqrt {
         base: f64,
         warmup_steps: u64,
-        #[serde(default = "default_true")]
+        /// Omitted: `false` (the main job's schedule).
+        #[serde(default)]
         linear_warmup: bool,
     },
 }
@@ -246,7 +243,7 @@ impl LrSchedule {
     }
 }
 
-/// Adafactor settings (formulas in the module doc). The defaults are GShard's (SPEC.md 3)
+/// Adafactor settings (formulas in the module doc). The defaults are GShard's (Lepikhin et al. 2020)
 /// and the paper's: relative step size with parameter scaling, `beta1 = 0`, decay exponent
 /// 0.8, `eps1 = 1e-30`, `eps2 = 1e-3`, update clipping at 1.0, factored second moments.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -81,6 +81,14 @@ pub enum TokenizerError {
     /// An error inside the `tokenizers` library.
     #[error("tokenizers: {0}")]
     Hf(String),
+    /// A tokenizer file that cannot be used.
+    #[error("{path} is not a usable tokenizer ({reason}); it is written by `gshard train` next to the checkpoint: restore it from a copy of the run")]
+    BadFile {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// Result alias of this module.
@@ -240,7 +248,15 @@ impl Tokenizer {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_json(&json)
+        Self::from_json(&json).map_err(|e| match e {
+            TokenizerError::Hf(reason) | TokenizerError::Format(reason) => {
+                TokenizerError::BadFile {
+                    path: path.display().to_string(),
+                    reason,
+                }
+            }
+            other => other,
+        })
     }
 
     /// Total number of ids (specials included).

@@ -1,7 +1,7 @@
 //! The byte-level BPE tokenizer: exact round trips on every script, fixed special ids,
 //! single-id language tags, typed errors, truncation, save/load and determinism; plus a
-//! round trip over a few thousand real lines of `shared/data/parallel/de.tsv.gz` when that
-//! file is present (skipped with a notice otherwise).
+//! round trip over a few thousand real lines of CI's prepared corpus
+//! (`parallel/de.tsv.gz`) when that file is present (skipped with a notice otherwise).
 
 use std::io::BufRead;
 use std::time::Instant;

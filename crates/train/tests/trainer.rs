@@ -24,6 +24,12 @@ const WORDS: [(&str, &str, &str); 10] = [
 
 /// Word-by-word "translations" of random 2-4 word phrases into English.
 fn corpus() -> Corpus {
+    corpus_skipping(0)
+}
+
+/// [`corpus`] without every `k`-th German pair (`k` = 0: none), so that French is the larger
+/// language and the corpus's order (by size) differs from the alphabetical one.
+fn corpus_skipping(k: usize) -> Corpus {
     let mut pairs = Vec::new();
     let mut x: u64 = 12345;
     let mut next = || {
@@ -38,7 +44,11 @@ fn corpus() -> Corpus {
         let en: Vec<&str> = idx.iter().map(|&i| WORDS[i].0).collect();
         let de: Vec<&str> = idx.iter().map(|&i| WORDS[i].1).collect();
         let fr: Vec<&str> = idx.iter().map(|&i| WORDS[i].2).collect();
+        let skip_de = k > 0 && pairs.len() % k == 0;
         for (lang, src) in [("de", de.join(" ")), ("fr", fr.join(" "))] {
+            if lang == "de" && skip_de {
+                continue;
+            }
             pairs.push(Pair {
                 lang: Arc::from(lang),
                 origin: Arc::from("test"),
@@ -106,11 +116,9 @@ fn killed_run_resumes_to_the_same_loss_curve() {
         &cfg,
         &c,
         &RunOptions {
-            out: full.clone(),
             resume: false,
             stop_after: None,
-            comm: None,
-            profile: None,
+            ..RunOptions::new(full.clone())
         },
         &mut |_| {},
     )
@@ -134,11 +142,9 @@ fn killed_run_resumes_to_the_same_loss_curve() {
         &cfg,
         &c,
         &RunOptions {
-            out: cut.clone(),
             resume: false,
             stop_after: Some(4),
-            comm: None,
-            profile: None,
+            ..RunOptions::new(cut.clone())
         },
         &mut |_| {},
     )
@@ -148,11 +154,9 @@ fn killed_run_resumes_to_the_same_loss_curve() {
         &cfg,
         &c,
         &RunOptions {
-            out: cut.clone(),
             resume: true,
             stop_after: None,
-            comm: None,
-            profile: None,
+            ..RunOptions::new(cut.clone())
         },
         &mut |e| {
             if let Event::Started { first_step, .. } = e {
@@ -172,6 +176,147 @@ fn killed_run_resumes_to_the_same_loss_curve() {
     std::fs::remove_dir_all(&cut).ok();
 }
 
+/// Every step's record in the metrics log (every field but the timings; not the records of
+/// the evaluation a run ends with) and the checkpoint's bytes.
+fn trajectory(dir: &std::path::Path) -> (Vec<String>, Vec<u8>) {
+    let recs = train::metrics::read(&dir.join("metrics.jsonl")).unwrap();
+    let lines = recs
+        .into_iter()
+        .filter(|r| r.get("lr").is_some())
+        .map(|mut r| {
+            if let Some(o) = r.as_object_mut() {
+                o.remove("tokens_per_s");
+                o.remove("step_seconds");
+            }
+            r.to_string()
+        })
+        .collect();
+    (
+        lines,
+        std::fs::read(dir.join("checkpoint.safetensors")).unwrap(),
+    )
+}
+
+#[test]
+fn resuming_anywhere_reproduces_the_run_bit_for_bit() {
+    let c = corpus_skipping(3);
+    let mut configs = Vec::new();
+    // Dropout, random routing, a dev loss in between.
+    let mut a = tiny();
+    a.eval_every = 2;
+    a.checkpoint_every = 1;
+    configs.push(("dropout-random-eval", a));
+    // Sampled second expert, Adam.
+    let mut b = tiny();
+    b.model.second_expert = "sampling".into();
+    b.checkpoint_every = 1;
+    b.optimizer = TrainConfig::from_toml("[optimizer]\nkind = \"adam\"\n", "adam")
+        .unwrap()
+        .optimizer;
+    configs.push(("sampling-adam", b));
+    // Dense, SGD with momentum.
+    let mut d = tiny();
+    d.model.experts = 0;
+    d.checkpoint_every = 1;
+    d.optimizer = TrainConfig::from_toml("[optimizer]\nkind = \"sgd\"\nmomentum = 0.9\n", "sgd")
+        .unwrap()
+        .optimizer;
+    configs.push(("dense-sgd", d));
+    for (tag, cfg) in configs {
+        let full = tmp(&format!("bits-full-{tag}"));
+        run(&cfg, &c, &RunOptions::new(full.clone()), &mut |_| {}).unwrap();
+        let want = trajectory(&full);
+        // Cut after step 2, resume and cut after 4, resume to the end.
+        let cut = tmp(&format!("bits-cut-{tag}"));
+        for (resume, stop) in [(false, Some(2)), (true, Some(4)), (true, None)] {
+            let opts = RunOptions {
+                resume,
+                stop_after: stop,
+                ..RunOptions::new(cut.clone())
+            };
+            run(&cfg, &c, &opts, &mut |_| {}).unwrap();
+        }
+        let got = trajectory(&cut);
+        assert_eq!(got.0, want.0, "{tag}: the metrics differ after resuming");
+        assert!(got.1 == want.1, "{tag}: the final checkpoints differ");
+        std::fs::remove_dir_all(&full).ok();
+        std::fs::remove_dir_all(&cut).ok();
+    }
+}
+
+#[test]
+fn nonfinite_steps_are_not_applied_and_stop_the_run() {
+    // SGD at a learning rate of 1e30: step 1 leaves huge but finite weights, from step 2 on
+    // the loss overflows.
+    let mut cfg = tiny();
+    cfg.steps = 20;
+    cfg.checkpoint_every = 1;
+    cfg.nonfinite_limit = 3;
+    cfg.optimizer = TrainConfig::from_toml(
+        "[optimizer]\nkind = \"sgd\"\n[optimizer.lr]\nkind = \"constant\"\nvalue = 1e30\n",
+        "sgd",
+    )
+    .unwrap()
+    .optimizer;
+    let dir = tmp("nonfinite");
+    let mut skipped = Vec::new();
+    let e = run(&cfg, &corpus(), &RunOptions::new(dir.clone()), &mut |e| {
+        if let Event::Skipped { step, .. } = e {
+            skipped.push(step);
+        }
+    })
+    .err()
+    .expect("the run must stop");
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("step 4: the ") && msg.contains("is not finite"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("last finite loss") && msg.contains("learning rate"),
+        "{msg}"
+    );
+    assert!(msg.contains("3 step(s) in a row"), "{msg}");
+    assert_eq!(skipped, [2, 3, 4]);
+    // The checkpoint is step 1's, and finite: the skipped steps changed nothing.
+    let ck = checkpoint::load(&dir.join("checkpoint.safetensors")).unwrap();
+    assert_eq!(ck.step, 1);
+    for (name, t) in &ck.tensors {
+        assert!(t.to_f64_vec().iter().all(|v| v.is_finite()), "{name}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn an_edited_checkpoint_header_is_caught() {
+    let dir = tmp("header");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ck = checkpoint::Checkpoint {
+        step: 7,
+        config: "seed = 1".into(),
+        tensors: [(
+            "w".to_string(),
+            runtime::HostTensor::from_f32(vec![3], vec![1.0, 2.0, 3.0]),
+        )]
+        .into(),
+    };
+    let path = dir.join("ck.safetensors");
+    checkpoint::save(&path, &ck).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    // Same length, another step: `"step":"7"` -> `"step":"8"`.
+    let key = bytes
+        .windows(6)
+        .position(|w| w == b"\"step\"")
+        .expect("the step is in the header");
+    let at = key + bytes[key..].iter().position(|&b| b == b'7').unwrap();
+    let mut edited = bytes.clone();
+    edited[at] = b'8';
+    std::fs::write(&path, &edited).unwrap();
+    let e = checkpoint::load(&path).unwrap_err().to_string();
+    assert!(e.contains("checksum"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn loss_falls_on_a_learnable_task() {
     let mut cfg = tiny();
@@ -183,11 +328,9 @@ fn loss_falls_on_a_learnable_task() {
         &cfg,
         &corpus(),
         &RunOptions {
-            out: dir.clone(),
             resume: false,
             stop_after: None,
-            comm: None,
-            profile: None,
+            ..RunOptions::new(dir.clone())
         },
         &mut |_| {},
     )

@@ -22,8 +22,8 @@
 //!
 //! `gemm`: dense products through the executor's `dot` on one thread, each timed in bursts
 //! that alternate with bursts of the FMA chains, so its share of the core's FMA peak is
-//! read pair by pair at one clock ([`runtime::probe::gemm_against_peak`]); the issue's
-//! dense-GEMM figure. `--shapes` takes `MxNxK` (`tMxNxK`: `A` stored transposed).
+//! read pair by pair at one clock ([`runtime::probe::gemm_against_peak`]); the dense
+//! GEMM's share of the peak. `--shapes` takes `MxNxK` (`tMxNxK`: `A` stored transposed).
 //!
 //! `partition`: builds one transformer-sized MoE training step (forward + backward) once,
 //! then propagates and partitions it for 2, 8, 64, 512 and 2048 devices (mesh `expert=N`;
@@ -431,7 +431,7 @@ fn partition(a: PartitionArgs) -> Result<()> {
 }
 
 /// Forward FLOPs of the layer's einsums (2 per MAC; dispatch and combine counted dense), as
-/// `moe_flops` in the JAX harness (`shared/anchors/jax/moe.py`).
+/// `moe_flops` in the JAX harness (`bench/jax/moe.py`).
 pub fn moe_flops(g: usize, s: usize, e: usize, m: usize, h: usize, c: usize) -> f64 {
     let (g, s, e, m, h, c) = (g as f64, s as f64, e as f64, m as f64, h as f64, c as f64);
     let gate = 2.0 * g * s * m * e;

@@ -49,12 +49,10 @@ pub fn main(a: Args) -> Result<()> {
             format!("moe{e}")
         };
         eprintln!("training {name} ({} steps)", cfg.steps);
+        // Each row is a fresh run in a directory of its own that `compare` owns.
         let opts = RunOptions {
-            out: a.out.join(&name),
-            resume: false,
-            stop_after: None,
-            comm: None,
-            profile: None,
+            overwrite: true,
+            ..RunOptions::new(a.out.join(&name))
         };
         let r = trainer::run(&cfg, &corpus, &opts, &mut |_| {})?;
         let bleu = r.bleu.as_ref().map_or(f64::NAN, |b| b.score);

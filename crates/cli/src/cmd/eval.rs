@@ -14,11 +14,11 @@ pub struct EvalArgs {
     /// Which held-out split.
     #[arg(long, default_value = "test", value_parser = ["dev", "test"])]
     split: String,
-    /// Pairs to evaluate (spread over the run's languages).
-    #[arg(long, default_value_t = 512)]
+    /// Pairs to evaluate (spread over the run's languages; at least 1).
+    #[arg(long, default_value_t = 512, value_parser = at_least_one())]
     limit: usize,
-    /// Beam width (default: the run's).
-    #[arg(long)]
+    /// Beam width (default: the run's; 1 is greedy).
+    #[arg(long, value_parser = at_least_one())]
     beam: Option<usize>,
 }
 
@@ -32,8 +32,14 @@ pub struct TranslateArgs {
     lang: String,
     /// Sentences to translate; none = one per line on stdin.
     text: Vec<String>,
-    #[arg(long)]
+    /// Beam width (default: the run's; 1 is greedy).
+    #[arg(long, value_parser = at_least_one())]
     beam: Option<usize>,
+}
+
+/// A count of at least 1 (a beam of 0, or 0 pairs, is refused by the argument parser).
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
 pub fn eval(a: EvalArgs) -> Result<()> {

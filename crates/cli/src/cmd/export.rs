@@ -32,6 +32,8 @@ pub enum Policy {
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Act {
     Relu,
+    /// Also spelled `gelu_tanh`, as in the training config.
+    #[value(alias = "gelu_tanh")]
     GeluTanh,
 }
 

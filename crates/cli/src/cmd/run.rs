@@ -38,6 +38,10 @@ pub struct Args {
     /// Write per-op and per-collective timings as Chrome trace JSON (one track per device).
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// The memory this process may use (e.g. `16GiB`); default: what the host has
+    /// available. A program whose planned peak needs more is refused before it runs.
+    #[arg(long, value_name = "SIZE", value_parser = files::parse_size)]
+    max_memory: Option<u64>,
     #[command(flatten)]
     backend: BackendArgs,
 }
@@ -54,6 +58,9 @@ fn run(a: Args, mpi: Mpi) -> Result<()> {
         None => HashMap::new(),
     };
     let ctx = || format!("running {}", a.program.display());
+    let what = format!("running {}", a.program.display());
+    // The inputs are held as read, and again as each device's shards.
+    let input_bytes: u64 = inputs.values().map(|t| t.ty.size_bytes() as u64).sum();
     let mut profiler = a.profile.as_ref().map(|_| runtime::Profiler::new());
     let root = backend::is_root(&mpi);
     let outputs = if let Some(comm) = &mpi {
@@ -89,6 +96,13 @@ fn run(a: Args, mpi: Mpi) -> Result<()> {
             comm.as_ref(),
             "partitioned program or mesh",
             &backend::fingerprint(&part.program),
+        )?;
+        files::check_memory(
+            &what,
+            &part.program,
+            comm.local_positions().len(),
+            input_bytes,
+            a.max_memory,
         )?;
         // Created after the check (a barrier), so every rank's clock starts together.
         if a.profile.is_some() {
@@ -126,6 +140,13 @@ fn run(a: Args, mpi: Mpi) -> Result<()> {
         let part =
             spmd::compile(&p).with_context(|| format!("partitioning {}", a.program.display()))?;
         let mesh = part.program.mesh.as_ref().expect("partitioned");
+        files::check_memory(
+            &what,
+            &part.program,
+            mesh.num_devices(),
+            input_bytes,
+            a.max_memory,
+        )?;
         let per_dev = train::devices::shard_inputs(&part, &inputs).with_context(ctx)?;
         let (outs, peak) = if a.reference {
             (
@@ -149,8 +170,10 @@ fn run(a: Args, mpi: Mpi) -> Result<()> {
         );
         train::devices::assemble_outputs(&part, &outs)
     } else if a.reference {
+        files::check_memory(&what, &p, 1, input_bytes, a.max_memory)?;
         runtime::reference::run(&p, &inputs).with_context(ctx)?
     } else {
+        files::check_memory(&what, &p, 1, input_bytes, a.max_memory)?;
         let comm = runtime::InProcess::new(1);
         let mut r = runtime::run_devices_profiled(&p, &comm, &[inputs], profiler.as_ref())
             .with_context(ctx)?;

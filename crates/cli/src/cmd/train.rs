@@ -13,9 +13,11 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::Communicator;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use train::config::TrainConfig;
 use train::data::Corpus;
-use train::trainer::{self, Event, RunOptions};
+use train::trainer::{self, Event, RunOptions, StopRequest};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -37,9 +39,17 @@ pub struct Args {
     /// Corpus directory (built with the default sources when absent).
     #[arg(long)]
     data: Option<String>,
-    /// Continue from the run directory's last checkpoint.
-    #[arg(long)]
+    /// Continue from the run directory's last checkpoint, with the run's own config.toml
+    /// (a --config may change only `steps` and `data.dir`).
+    #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
+    /// Replace the run the directory holds (without it, such a directory is refused).
+    #[arg(long)]
+    overwrite: bool,
+    /// The memory this process may use (e.g. `16GiB`, `512M`); default: what the host has
+    /// available. A run that needs more is refused before it starts.
+    #[arg(long, value_name = "SIZE", value_parser = crate::files::parse_size)]
+    max_memory: Option<u64>,
     /// Seed.
     #[arg(long)]
     seed: Option<u64>,
@@ -140,8 +150,35 @@ pub fn main(a: Args) -> Result<()> {
     backend::with_backend(&b, |mpi| train_main(a, mpi))
 }
 
+/// The config of a run: `--config`, else on `--resume` the run's own config.toml, else the
+/// main job's.
+fn base_config(a: &Args) -> Result<TrainConfig> {
+    if a.config.is_none() && a.resume {
+        let own = a.out.join("config.toml");
+        if own.exists() {
+            return load_config(Some(&own));
+        }
+    }
+    load_config(a.config.as_deref())
+}
+
+/// Stop requests from SIGINT and SIGTERM: the first asks the run to stop after the step in
+/// flight (with a checkpoint); a second one ends the process at once (exit 130 / 143).
+fn stop_on_signals() -> Result<StopRequest> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = StopRequest::new();
+    let armed = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        // Order matters: the shutdown runs first, so it fires only on the second signal.
+        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, armed.clone())?;
+        signal_hook::flag::register(sig, armed.clone())?;
+        signal_hook::flag::register_usize(sig, stop.flag(), sig as usize)?;
+    }
+    Ok(stop)
+}
+
 fn train_main(a: Args, mpi: Mpi) -> Result<()> {
-    let mut cfg = load_config(a.config.as_deref())?;
+    let mut cfg = base_config(&a)?;
     if let Some(s) = a.steps {
         cfg.steps = s;
     }
@@ -171,13 +208,20 @@ fn train_main(a: Args, mpi: Mpi) -> Result<()> {
         )?;
     }
     let root = backend::is_root(&mpi);
+    if root {
+        for w in cfg.warnings() {
+            eprintln!("warning: {w}");
+        }
+    }
     let corpus = shared_corpus(&cfg.data.dir, &mpi)?;
     let opts = RunOptions {
-        out: a.out.clone(),
         resume: a.resume,
-        stop_after: None,
+        overwrite: a.overwrite,
         comm: backend::as_comm(&mpi),
         profile: a.profile.clone().map(|p| (p, a.profile_steps.max(1))),
+        stop: Some(stop_on_signals()?),
+        max_memory: a.max_memory,
+        ..RunOptions::new(a.out.clone())
     };
     let bar = if root {
         ProgressBar::new(cfg.steps)
@@ -223,6 +267,13 @@ fn train_main(a: Args, mpi: Mpi) -> Result<()> {
             bar.set_position(step);
             bar.set_message(msg);
         }
+        Event::Skipped {
+            step,
+            loss,
+            grad_norm,
+        } => bar.println(format!(
+            "step {step}: not applied (loss {loss}, gradient norm {grad_norm} not finite)"
+        )),
         Event::Eval { step, dev_loss } if plain => eprintln!("step {step}: dev loss {dev_loss:.3}"),
         Event::Eval { step, dev_loss } => {
             bar.println(format!("  step {step}: dev loss {dev_loss:.3}"))

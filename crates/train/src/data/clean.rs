@@ -1,4 +1,4 @@
-//! Cleaning catalog strings into training pairs (data README 3.2).
+//! Cleaning catalog strings into training pairs.
 //!
 //! 1. Accelerator markers (`_File`, `~File`, `&File`, CJK `(_F)`) are removed from both sides
 //!    when the English has one; HTML entities such as `&amp;` are not markers.

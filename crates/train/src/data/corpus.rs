@@ -2,7 +2,7 @@
 //! `split \t origin \t english \t translation`.
 //!
 //! `DIR` may be the data directory (holding `parallel/`) or the `parallel/` directory
-//! itself, so both `data/` and `shared/data/parallel` load. Language and origin strings are
+//! itself, so both `data/` and `data/parallel` load. Language and origin strings are
 //! shared (`Arc<str>`) between pairs.
 
 use super::split::Split;
@@ -76,12 +76,21 @@ pub struct Corpus {
 /// The corpus files of `dir` (or of `dir/parallel`), by language tag.
 pub fn corpus_files(dir: &Path) -> Result<BTreeMap<String, PathBuf>> {
     let parallel = dir.join("parallel");
-    let dir = if parallel.is_dir() {
-        parallel
+    // `dir` is the data directory, or (`.../parallel`) the corpus directory itself.
+    let (searched, data_dir) = if parallel.is_dir() {
+        (parallel, dir.to_path_buf())
+    } else if dir.file_name().is_some_and(|n| n == "parallel") {
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        (dir.to_path_buf(), parent.to_path_buf())
     } else {
-        dir.to_path_buf()
+        (dir.to_path_buf(), dir.to_path_buf())
     };
-    let rd = fs::read_dir(&dir).map_err(|_| DataError::NoCorpus { dir: dir.clone() })?;
+    let no_corpus = || DataError::NoCorpus {
+        searched: searched.clone(),
+        data_dir: data_dir.clone(),
+    };
+    let dir = searched.clone();
+    let rd = fs::read_dir(&dir).map_err(|_| no_corpus())?;
     let mut files = BTreeMap::new();
     for entry in rd.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
@@ -96,7 +105,7 @@ pub fn corpus_files(dir: &Path) -> Result<BTreeMap<String, PathBuf>> {
         }
     }
     if files.is_empty() {
-        return Err(DataError::NoCorpus { dir });
+        return Err(no_corpus());
     }
     Ok(files)
 }

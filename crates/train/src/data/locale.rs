@@ -1,4 +1,4 @@
-//! Locale codes of catalogs -> corpus language tags (data README 3.2, item 5).
+//! Locale codes of catalogs -> corpus language tags.
 //!
 //! [`norm_locale`] only spells a code the BCP-47 way (`pt_BR.UTF-8` -> `pt-BR`,
 //! `sr@latin` -> `sr-Latn`). [`canon_lang`] then merges variants into one corpus tag:

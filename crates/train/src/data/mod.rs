@@ -15,9 +15,9 @@
 //! ```
 //!
 //! The corpus format (`split \t origin \t english \t translation`, one pair a line) is the one
-//! of the prepared copy in `shared/data/parallel`, so either can be loaded. The rules (what
-//! a catalog entry means, the filters, the split) follow the data README's section 3; the
-//! split is bit-for-bit the same function, which the tests check against the prepared copy.
+//! of the prepared corpus CI tests against, so either can be loaded. The rules (what a
+//! catalog entry means, the filters, the split) are the prepared corpus's; the split is
+//! bit-for-bit the same function, which the tests check against it when it is present.
 
 pub mod casefold;
 pub mod clean;
@@ -169,12 +169,14 @@ pub enum DataError {
     },
     /// No corpus where one was expected.
     #[error(
-        "no parallel corpus in {dir}: expected parallel/<lang>.tsv or .tsv.gz files; run \
-         `gshard data --out {dir}` or copy a prepared corpus there"
+        "no parallel corpus in {searched}: expected <lang>.tsv or .tsv.gz files there; run \
+         `gshard data --out {data_dir}` or copy a prepared corpus there"
     )]
     NoCorpus {
         /// The directory that was searched.
-        dir: PathBuf,
+        searched: PathBuf,
+        /// The data directory to build the corpus into (the one holding `parallel/`).
+        data_dir: PathBuf,
     },
     /// A corpus line is not `split \t origin \t english \t translation`.
     #[error("{path}:{line}: {reason}; the corpus file is damaged, rebuild it with `gshard data`")]

@@ -1,7 +1,7 @@
 //! The registry packages the corpus is built from, pinned for reproducibility.
 //!
-//! PyPI wheels and the npm tarball are pinned by version, file name and sha256 (the numbers
-//! of data README 3.5 were built from these versions). Debian packages are whatever the
+//! PyPI wheels and the npm tarball are pinned by version, file name and sha256 (the prepared
+//! corpus was built from these versions). Debian packages are whatever the
 //! machine's apt lists offer (Debian 12 "bookworm" when the README was written); they are not
 //! pinned. The default set is small, permissively licensed and fast (five wheels, ~15 MB);
 //! `--full` adds everything below.

@@ -1,4 +1,4 @@
-//! The fixed train / dev / test split (data README 3.3): a function of the English side only.
+//! The fixed train / dev / test split (the prepared corpus's rule): a function of the English side only.
 //!
 //! ```text
 //! key(en) = casefold(en); placeholders -> '#'; [\W_]+ -> ' '; collapse spaces; trim

@@ -1,0 +1,226 @@
+//! The data side of a run: choosing languages, training the tokenizer, tokenizing pairs into
+//! [`Example`]s, and cutting the batch of each step as a pure function of `(seed, step)`.
+
+use super::TrainError;
+use crate::config::TrainConfig;
+use crate::data::{Corpus, LangSampler, Pair, Split};
+use crate::tokenizer::Tokenizer;
+use ir::{DType, Type};
+use runtime::HostTensor;
+use std::collections::HashMap;
+
+/// One tokenized pair.
+#[derive(Clone, Debug)]
+pub struct Example {
+    pub lang: String,
+    /// `<lang> pieces </s>`.
+    pub src: Vec<u32>,
+    /// `pieces </s>`.
+    pub tgt: Vec<u32>,
+    pub english: String,
+}
+
+/// The data of a run.
+pub struct Data {
+    pub langs: Vec<String>,
+    pub train: Vec<Vec<Example>>,
+    pub dev: Vec<Example>,
+    pub sampler: LangSampler,
+}
+
+pub(super) fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E3779B97F4A7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D049BB133111EB);
+    x ^ (x >> 31)
+}
+
+/// Choose languages, train the tokenizer on their training pairs, tokenize.
+pub fn tokenizer_for(
+    cfg: &TrainConfig,
+    corpus: &Corpus,
+) -> Result<(Vec<String>, Tokenizer), TrainError> {
+    let langs = select_langs(cfg, corpus)?;
+    let mut texts: Vec<String> = Vec::new();
+    for l in &langs {
+        for p in corpus
+            .split(l, Split::Train)
+            .iter()
+            .take(cfg.data.tokenizer_pairs_per_lang)
+        {
+            texts.push(p.english.clone());
+            texts.push(p.source.clone());
+        }
+    }
+    let refs: Vec<&str> = langs.iter().map(String::as_str).collect();
+    let tok = Tokenizer::train(texts, &refs, cfg.data.vocab_size)
+        .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
+    Ok((langs, tok))
+}
+
+pub(super) fn select_langs(cfg: &TrainConfig, corpus: &Corpus) -> Result<Vec<String>, TrainError> {
+    if !cfg.data.langs.is_empty() {
+        for l in &cfg.data.langs {
+            if corpus.get(l).is_none_or(|d| d.train.is_empty()) {
+                return Err(TrainError::Data(format!(
+                    "language `{l}` has no training pairs in the corpus; pick from {:?}",
+                    corpus.languages()
+                )));
+            }
+        }
+        return Ok(cfg.data.langs.clone());
+    }
+    // Largest first by training pairs; ties (a corpus capped per language) by held-out
+    // pairs, which are never capped; then by tag.
+    let held: HashMap<String, usize> = corpus
+        .iter()
+        .map(|(l, d)| (l.to_string(), d.dev.len() + d.test.len()))
+        .collect();
+    let mut sizes = corpus.sizes(Split::Train);
+    sizes.sort_by(|a, b| {
+        b.1.cmp(&a.1)
+            .then(held[&b.0].cmp(&held[&a.0]))
+            .then(a.0.cmp(&b.0))
+    });
+    let langs: Vec<String> = sizes
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .take(cfg.data.max_langs)
+        .map(|(l, _)| l)
+        .collect();
+    if langs.is_empty() {
+        return Err(TrainError::Data(
+            "the corpus has no training pairs; run `gshard data`".into(),
+        ));
+    }
+    Ok(langs)
+}
+
+pub(super) fn encode(tok: &Tokenizer, p: &Pair, max_len: usize) -> Result<Example, TrainError> {
+    let t = |e: crate::tokenizer::TokenizerError| TrainError::Tokenizer(e.to_string());
+    Ok(Example {
+        lang: p.lang.to_string(),
+        src: tok.encode_source(&p.lang, &p.source, max_len).map_err(t)?,
+        tgt: tok.encode_target(&p.english, max_len - 1).map_err(t)?,
+        english: p.english.clone(),
+    })
+}
+
+/// Tokenize the chosen languages' train pairs and a fixed, language-balanced dev set.
+pub fn prepare_data(
+    cfg: &TrainConfig,
+    corpus: &Corpus,
+    langs: &[String],
+    tok: &Tokenizer,
+) -> Result<Data, TrainError> {
+    let min_words = cfg.data.min_english_words;
+    let keep = |p: &&Pair| p.english.split_whitespace().count() >= min_words;
+    let mut train = Vec::new();
+    let mut sizes = Vec::new();
+    for l in langs {
+        let ex: Vec<Example> = corpus
+            .split(l, Split::Train)
+            .iter()
+            .filter(keep)
+            .map(|p| encode(tok, p, cfg.data.max_len))
+            .collect::<Result<_, _>>()?;
+        if ex.is_empty() {
+            return Err(TrainError::Data(format!(
+                "language `{l}` has no training pair with >= {min_words} English words"
+            )));
+        }
+        sizes.push((l.clone(), ex.len()));
+        train.push(ex);
+    }
+    // Dev: round-robin over languages, in corpus order, up to dev_size.
+    let devs: Vec<Vec<&Pair>> = langs
+        .iter()
+        .map(|l| corpus.split(l, Split::Dev).iter().filter(keep).collect())
+        .collect();
+    let mut dev = Vec::new();
+    let mut i = 0;
+    while dev.len() < cfg.data.dev_size && devs.iter().any(|d| i < d.len()) {
+        for d in &devs {
+            if dev.len() < cfg.data.dev_size && i < d.len() {
+                dev.push(encode(tok, d[i], cfg.data.max_len)?);
+            }
+        }
+        i += 1;
+    }
+    let sampler = LangSampler::new(&sizes, cfg.data.temperature, cfg.seed as i32)
+        .map_err(|e| TrainError::Data(e.to_string()))?;
+    Ok(Data {
+        langs: langs.to_vec(),
+        train,
+        dev,
+        sampler,
+    })
+}
+
+/// Host tensors of a batch (padding rows have zero weight).
+pub fn batch_tensors(
+    cfg: &TrainConfig,
+    tok: &Tokenizer,
+    rows: &[Option<&Example>],
+) -> HashMap<String, HostTensor> {
+    let (b, l) = (cfg.data.batch_size, cfg.data.max_len);
+    let pad = tok.pad_id() as f64;
+    let mut src = vec![pad; b * l];
+    let mut src_pad = vec![1.0; b * l];
+    let mut tgt_in = vec![pad; b * l];
+    let mut tgt_out = vec![pad; b * l];
+    let mut w = vec![0.0; b * l];
+    for (r, ex) in rows.iter().enumerate().take(b) {
+        let Some(ex) = ex else { continue };
+        for (k, &id) in ex.src.iter().take(l).enumerate() {
+            src[r * l + k] = id as f64;
+            src_pad[r * l + k] = 0.0;
+        }
+        tgt_in[r * l] = tok.bos_id() as f64;
+        for (k, &id) in ex.tgt.iter().take(l).enumerate() {
+            tgt_out[r * l + k] = id as f64;
+            w[r * l + k] = 1.0;
+            if k + 1 < l {
+                tgt_in[r * l + k + 1] = id as f64;
+            }
+        }
+    }
+    let i32t = Type::new(DType::I32, vec![b, l]);
+    let f32t = Type::new(DType::F32, vec![b, l]);
+    HashMap::from([
+        (
+            "src".to_string(),
+            HostTensor::from_f64_values(i32t.clone(), &src),
+        ),
+        (
+            "src_pad".to_string(),
+            HostTensor::from_f64_values(f32t.clone(), &src_pad),
+        ),
+        (
+            "tgt_in".to_string(),
+            HostTensor::from_f64_values(i32t.clone(), &tgt_in),
+        ),
+        (
+            "tgt_out".to_string(),
+            HostTensor::from_f64_values(i32t, &tgt_out),
+        ),
+        (
+            "tgt_weight".to_string(),
+            HostTensor::from_f64_values(f32t, &w),
+        ),
+    ])
+}
+
+/// The examples of step `step`: a pure function of `(seed, step)`.
+pub fn batch_at<'a>(cfg: &TrainConfig, data: &'a Data, step: u64) -> Vec<Option<&'a Example>> {
+    let b = cfg.data.batch_size as u64;
+    (0..b)
+        .map(|r| {
+            let draw = step * b + r;
+            let li = data.sampler.index_at(draw);
+            let ex = &data.train[li];
+            let k = splitmix(cfg.seed ^ splitmix(draw.wrapping_add(0x5EED))) as usize % ex.len();
+            Some(&ex[k])
+        })
+        .collect()
+}

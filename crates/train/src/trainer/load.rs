@@ -1,0 +1,68 @@
+//! A finished (or checkpointed) run loaded back for evaluation and translation.
+
+use super::batches::{encode, Example};
+use super::decode::translate;
+use super::programs::build_programs;
+use super::rundir::RunDir;
+use super::step::{dev_loss, Trainer};
+use super::TrainError;
+use crate::checkpoint;
+use crate::config::TrainConfig;
+use crate::data::Pair;
+use crate::tokenizer::Tokenizer;
+use ir::Type;
+use std::path::Path;
+
+/// A finished (or checkpointed) run, loaded for evaluation and translation.
+pub struct LoadedRun {
+    pub cfg: TrainConfig,
+    pub tok: Tokenizer,
+    pub trainer: Trainer,
+}
+
+/// Load `dir`'s config, tokenizer and checkpoint onto the devices of its mesh.
+pub fn load_run(dir: &Path) -> Result<LoadedRun, TrainError> {
+    let rd = RunDir {
+        dir: dir.to_path_buf(),
+    };
+    let ck = checkpoint::load(&rd.checkpoint())?;
+    let cfg = TrainConfig::from_toml(&ck.config, &rd.checkpoint().display().to_string())?;
+    let tok = Tokenizer::load(rd.tokenizer()).map_err(|e| TrainError::Tokenizer(e.to_string()))?;
+    let programs = build_programs(&cfg, tok.vocab_size())?;
+    let expected: Vec<(String, Type)> = programs
+        .params
+        .iter()
+        .chain(programs.state.iter())
+        .map(|s| (s.name.clone(), s.ty.clone()))
+        .collect();
+    ck.check(&rd.checkpoint(), &expected)?;
+    let trainer = Trainer::new(&cfg, programs, Some(ck.tensors), ck.step)?;
+    Ok(LoadedRun { cfg, tok, trainer })
+}
+
+/// Loss and BLEU of a loaded run on `pairs`.
+pub fn evaluate_pairs(
+    run: &LoadedRun,
+    pairs: &[&Pair],
+    beam: usize,
+) -> Result<(f64, Option<crate::bleu::Bleu>, Vec<String>), TrainError> {
+    let ex: Vec<Example> = pairs
+        .iter()
+        .map(|p| encode(&run.tok, p, run.cfg.data.max_len))
+        .collect::<Result<_, _>>()?;
+    let loss = dev_loss(&run.trainer, &run.tok, &ex)?;
+    let srcs: Vec<Vec<u32>> = ex.iter().map(|e| e.src.clone()).collect();
+    let hyps: Vec<String> = translate(
+        &run.trainer,
+        &run.tok,
+        &srcs,
+        beam,
+        run.cfg.eval.length_penalty,
+    )?
+    .iter()
+    .map(|h| run.tok.decode(h))
+    .collect();
+    let refs: Vec<&str> = ex.iter().map(|e| e.english.as_str()).collect();
+    let hr: Vec<&str> = hyps.iter().map(String::as_str).collect();
+    Ok((loss, crate::bleu::corpus_bleu(&hr, &refs).ok(), hyps))
+}
