@@ -54,10 +54,13 @@ enum What {
     /// All-to-all and all-reduce bandwidth of a backend (`--backend inprocess|mpi`).
     Collectives(crate::cmd::bench_comm::CollectiveBenchArgs),
     /// The cores' FMA and GEMM rates now (the probes `moe-layer` runs around its steps), to
-    /// tag another program's runs on a shared host.
+    /// tag another program's runs on a shared host. A developer probe: hidden from --help.
+    #[command(hide = true)]
     Probe(ProbeArgs),
     /// Dense GEMM rates on one thread against the core's FMA peak, measured in alternating
-    /// bursts (each product's share of the peak at one clock).
+    /// bursts (each product's share of the peak at one clock). A developer probe: hidden
+    /// from --help.
+    #[command(hide = true)]
     Gemm(GemmArgs),
 }
 

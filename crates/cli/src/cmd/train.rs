@@ -322,9 +322,15 @@ pub fn print_report(cfg: &TrainConfig, r: &trainer::Report, out: &Path) {
     if !r.expert_load.is_empty() {
         println!(
             "  expert load (fraction of first choices per expert, last step; uniform = {:.3}):",
-            1.0 / r.expert_load[0].1.len().max(1) as f64
+            1.0 / r.expert_load[0].share.len().max(1) as f64
         );
-        for (name, load, d1, d2) in &r.expert_load {
+        for trainer::ExpertLoad {
+            layer: name,
+            share: load,
+            dropped_first: d1,
+            dropped_second: d2,
+        } in &r.expert_load
+        {
             let cells: Vec<String> = load.iter().map(|x| format!("{x:.3}")).collect();
             println!(
                 "    {name:<28} [{}]  dropped 1st {:.1}% 2nd {:.1}%",
@@ -334,7 +340,13 @@ pub fn print_report(cfg: &TrainConfig, r: &trainer::Report, out: &Path) {
             );
         }
     }
-    for (lang, src, reference, hyp) in &r.examples {
+    for trainer::Sample {
+        lang,
+        source: src,
+        reference,
+        hypothesis: hyp,
+    } in &r.examples
+    {
         println!("  [{lang}] {src}\n      ref: {reference}\n      hyp: {hyp}");
     }
     println!("  run directory: {}", out.display());

@@ -53,8 +53,7 @@ pub fn tokenizer_for(
         }
     }
     let refs: Vec<&str> = langs.iter().map(String::as_str).collect();
-    let tok = Tokenizer::train(texts, &refs, cfg.data.vocab_size)
-        .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
+    let tok = Tokenizer::train(texts, &refs, cfg.data.vocab_size)?;
     Ok((langs, tok))
 }
 
@@ -97,11 +96,10 @@ pub(super) fn select_langs(cfg: &TrainConfig, corpus: &Corpus) -> Result<Vec<Str
 }
 
 pub(super) fn encode(tok: &Tokenizer, p: &Pair, max_len: usize) -> Result<Example, TrainError> {
-    let t = |e: crate::tokenizer::TokenizerError| TrainError::Tokenizer(e.to_string());
     Ok(Example {
         lang: p.lang.to_string(),
-        src: tok.encode_source(&p.lang, &p.source, max_len).map_err(t)?,
-        tgt: tok.encode_target(&p.english, max_len - 1).map_err(t)?,
+        src: tok.encode_source(&p.lang, &p.source, max_len)?,
+        tgt: tok.encode_target(&p.english, max_len - 1)?,
         english: p.english.clone(),
     })
 }

@@ -27,7 +27,7 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, TrainError> {
     };
     let ck = checkpoint::load(&rd.checkpoint())?;
     let cfg = TrainConfig::from_toml(&ck.config, &rd.checkpoint().display().to_string())?;
-    let tok = Tokenizer::load(rd.tokenizer()).map_err(|e| TrainError::Tokenizer(e.to_string()))?;
+    let tok = Tokenizer::load(rd.tokenizer())?;
     let programs = build_programs(&cfg, tok.vocab_size())?;
     let expected: Vec<(String, Type)> = programs
         .params

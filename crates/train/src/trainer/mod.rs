@@ -37,7 +37,7 @@ pub use decode::translate;
 pub use load::{evaluate_pairs, load_run, LoadedRun};
 pub use programs::{build_programs, init_tensor, Programs};
 pub use programs::{APPLIED, GRAD_NORM};
-pub use run::{run, Report, RunOptions};
+pub use run::{config_diff, run, ExpertLoad, Report, RunOptions, Sample};
 pub use rundir::{RunDir, RunLock};
 pub use step::{dev_loss, Trainer};
 
@@ -55,13 +55,19 @@ pub enum TrainError {
     #[error("data: {0}")]
     Data(String),
     #[error("tokenizer: {0}")]
-    Tokenizer(String),
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
     #[error("building the model: {0}")]
     Model(String),
     #[error("partitioning: {0}")]
     Partition(#[from] spmd::SpmdError),
     #[error("running a step: {0}")]
     Run(String),
+    #[error("running a step: {0}")]
+    Exec(#[from] runtime::ExecError),
+    #[error("between the devices: {0}")]
+    Comm(#[from] runtime::CommError),
+    #[error("encoding state: {0}")]
+    Encode(#[from] runtime::IoError),
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::CheckpointError),
     #[error("{path}: {source}")]

@@ -77,9 +77,7 @@ fn share(
     } else {
         (Vec::new(), None)
     };
-    let mut all = comm
-        .all_gather_bytes(mine)
-        .map_err(|e| TrainError::Run(e.to_string()))?;
+    let mut all = comm.all_gather_bytes(mine)?;
     if let Some(e) = failed {
         return Err(e);
     }
@@ -100,7 +98,7 @@ fn checkpoint_bytes(
 ) -> Result<Vec<u8>, TrainError> {
     let named: Vec<(String, &HostTensor)> = tensors.iter().map(|(k, v)| (k.clone(), v)).collect();
     let meta = HashMap::from([("step".to_string(), step.to_string())]);
-    runtime::write_safetensors(&named, Some(meta)).map_err(|e| TrainError::Run(e.to_string()))
+    Ok(runtime::write_safetensors(&named, Some(meta))?)
 }
 
 fn checkpoint_from_bytes(bytes: &[u8]) -> Result<(u64, HashMap<String, HostTensor>), TrainError> {
@@ -123,11 +121,31 @@ pub struct Report {
     pub tokens_per_s: f64,
     pub partition_seconds: f64,
     pub peak_bytes_per_device: usize,
-    /// Per MoE layer: (name, mean load per expert over the last logged steps, dropped fractions).
-    pub expert_load: Vec<(String, Vec<f64>, f64, f64)>,
-    pub examples: Vec<(String, String, String, String)>,
+    /// Per MoE layer, at the last step.
+    pub expert_load: Vec<ExpertLoad>,
+    /// The first dev sentences with their reference and the model's translation.
+    pub examples: Vec<Sample>,
     pub langs: Vec<String>,
     pub devices: usize,
+}
+
+/// How one MoE layer spread its tokens.
+pub struct ExpertLoad {
+    /// The layer (`encoder/layer1/moe`).
+    pub layer: String,
+    /// Per expert, its share of the first choices.
+    pub share: Vec<f64>,
+    /// Shares of first and second choices dropped for lack of capacity.
+    pub dropped_first: f64,
+    pub dropped_second: f64,
+}
+
+/// One translated dev sentence.
+pub struct Sample {
+    pub lang: String,
+    pub source: String,
+    pub reference: String,
+    pub hypothesis: String,
 }
 
 /// Config fields that may differ between a run and its resumption: how long it runs, and
@@ -334,9 +352,7 @@ pub fn run(
         if comm.num_processes() == 1 {
             return Ok(mine);
         }
-        let all = comm
-            .all_gather_bytes(mine.unwrap_or(0).to_le_bytes().to_vec())
-            .map_err(|e| TrainError::Run(e.to_string()))?;
+        let all = comm.all_gather_bytes(mine.unwrap_or(0).to_le_bytes().to_vec())?;
         Ok(all
             .iter()
             .filter_map(|b| Some(i32::from_le_bytes(b.as_slice().try_into().ok()?)))
@@ -362,24 +378,21 @@ pub fn run(
     if !resume {
         on(Event::Status("training the tokenizer"));
     }
-    let tok_err = |e: crate::tokenizer::TokenizerError| TrainError::Tokenizer(e.to_string());
     // Process 0 loads or trains the tokenizer; with several processes it shares it as JSON.
     let make_tok = || -> Result<Tokenizer, TrainError> {
         if resume {
-            Tokenizer::load(rd.tokenizer()).map_err(tok_err)
+            Ok(Tokenizer::load(rd.tokenizer())?)
         } else {
             let (_, tok) = tokenizer_for(cfg, corpus)?;
-            tok.save(rd.tokenizer()).map_err(tok_err)?;
+            tok.save(rd.tokenizer())?;
             Ok(tok)
         }
     };
     let tok = if comm.num_processes() == 1 {
         make_tok()?
     } else {
-        let json = share(comm.as_ref(), || {
-            Ok(make_tok()?.to_json().map_err(tok_err)?.into_bytes())
-        })?;
-        Tokenizer::from_json(&String::from_utf8_lossy(&json)).map_err(tok_err)?
+        let json = share(comm.as_ref(), || Ok(make_tok()?.to_json()?.into_bytes()))?;
+        Tokenizer::from_json(&String::from_utf8_lossy(&json))?
     };
     // The languages in the corpus's order (largest first), also on resume: the sampler and
     // the dev set depend on it, and the tokenizer keeps them sorted.
@@ -567,9 +580,7 @@ pub fn run(
         }
     }
     if let (Some(prof), Some((path, _))) = (&profiler, &opts.profile) {
-        let traces = comm
-            .all_gather_bytes(prof.chrome_trace().into_bytes())
-            .map_err(|e| TrainError::Run(e.to_string()))?;
+        let traces = comm.all_gather_bytes(prof.chrome_trace().into_bytes())?;
         if root {
             let texts: Vec<String> = traces
                 .iter()
@@ -606,13 +617,11 @@ pub fn run(
         .iter()
         .zip(&hyps)
         .take(4)
-        .map(|(e, h)| {
-            (
-                e.lang.clone(),
-                tok.decode(&e.src),
-                e.english.clone(),
-                h.clone(),
-            )
+        .map(|(e, h)| Sample {
+            lang: e.lang.clone(),
+            source: tok.decode(&e.src),
+            reference: e.english.clone(),
+            hypothesis: h.clone(),
         })
         .collect();
     if root {
@@ -625,7 +634,12 @@ pub fn run(
         .cloned()
         .zip(loads)
         .zip(drops)
-        .map(|((n, l), (d1, d2))| (n, l, d1, d2))
+        .map(|((layer, share), (d1, d2))| ExpertLoad {
+            layer,
+            share,
+            dropped_first: d1,
+            dropped_second: d2,
+        })
         .collect();
     Ok(Report {
         steps: tr.step,

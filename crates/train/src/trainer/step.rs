@@ -38,7 +38,7 @@ fn prepared<'a>(
     if let Some(e) = cell.get() {
         return Ok(e);
     }
-    let e = runtime::Executable::new(p).map_err(|e| TrainError::Run(e.to_string()))?;
+    let e = runtime::Executable::new(p)?;
     Ok(cell.get_or_init(|| e))
 }
 
@@ -187,7 +187,7 @@ impl Trainer {
             );
             self.state.push(own);
         }
-        let r = r.map_err(|e| TrainError::Run(e.to_string()))?;
+        let r = r?;
         self.peak_bytes_per_device = self.peak_bytes_per_device.max(r.peak_bytes_per_device);
         let mut scalars = HashMap::new();
         for (j, outs) in r.outputs.into_iter().enumerate() {
@@ -211,8 +211,7 @@ impl Trainer {
     /// process calls it, and every process gets them.
     pub fn global_state(&self) -> Result<HashMap<String, HostTensor>, TrainError> {
         let mesh = self.mesh();
-        let all = gather_positions(self.comm.as_ref(), &self.state, mesh.num_devices())
-            .map_err(|e| TrainError::Run(e.to_string()))?;
+        let all = gather_positions(self.comm.as_ref(), &self.state, mesh.num_devices())?;
         Ok(self
             .programs
             .step
@@ -248,12 +247,13 @@ impl Trainer {
             .into_iter()
             .map(|m| m.into_iter().map(|(k, t)| (k, Arc::new(t))).collect())
             .collect();
-        let r = prepared(&self.eval_exe, &part.program)?
-            .run_shared(self.comm.as_ref(), &inputs, None)
-            .map_err(|e| TrainError::Run(e.to_string()))?;
+        let r = prepared(&self.eval_exe, &part.program)?.run_shared(
+            self.comm.as_ref(),
+            &inputs,
+            None,
+        )?;
         let n = self.mesh().num_devices();
-        let all = gather_positions(self.comm.as_ref(), &r.outputs, n)
-            .map_err(|e| TrainError::Run(e.to_string()))?;
+        let all = gather_positions(self.comm.as_ref(), &r.outputs, n)?;
         let outs = devices::assemble_outputs(part, &all);
         Ok((outs["ce"].to_f64_vec()[0], outs["logits"].clone()))
     }
