@@ -365,6 +365,12 @@ fn generator(op: &Op) -> bool {
     }
 }
 
+/// Most nodes of one fused group (an upper bound counted over its ops and their operands):
+/// each node takes a scratch lane of [`kernels::elementwise::CHUNK`] elements per thread, so a
+/// chain of elementwise ops as long as the program is cut into groups of at most this many
+/// (each group's root is materialised and read by the next; the same values to the bit).
+const MAX_GROUP_NODES: usize = 1024;
+
 /// Builds one fused group rooted at `root`.
 struct GroupBuilder<'a> {
     p: &'a Program,
@@ -396,118 +402,158 @@ impl GroupBuilder<'_> {
     }
 
     /// The node computing value `v`; `inline` says whether `v` is computed inside the group.
+    /// Operands come before their users, left to right (a post-order walk), each value
+    /// once; the walk keeps its own stack, as a group's chain may be as long as the program.
     fn node(&mut self, v: usize, inline: bool) -> usize {
+        /// A value being built: the operand values it reads as nodes, and their nodes.
+        struct Frame {
+            v: usize,
+            inline: bool,
+            parts: Vec<usize>,
+            done: Vec<usize>,
+        }
         if let Some(&n) = self.memo.get(&v) {
             return n;
         }
+        let frame = |this: &Self, v: usize, inline: bool| Frame {
+            v,
+            inline,
+            parts: this.parts(v, inline),
+            done: Vec::new(),
+        };
+        let mut stack = vec![frame(self, v, inline)];
+        while let Some(top) = stack.last_mut() {
+            if let Some(&o) = top.parts.get(top.done.len()) {
+                match self.memo.get(&o) {
+                    Some(&n) => top.done.push(n),
+                    None => {
+                        let inl = self.absorbed[o] || generator(&self.p.instrs[o].op);
+                        stack.push(frame(self, o, inl));
+                    }
+                }
+                continue;
+            }
+            let Frame {
+                v, inline, done, ..
+            } = stack.pop().expect("the loop saw a frame");
+            let n = self.finish(v, inline, &done);
+            self.memo.insert(v, n);
+            match stack.last_mut() {
+                Some(parent) => parent.done.push(n),
+                None => return n,
+            }
+        }
+        unreachable!("the walk returns when it finishes its first frame")
+    }
+
+    /// The operand values whose nodes [`GroupBuilder::finish`] needs for `v`, in order.
+    fn parts(&self, v: usize, inline: bool) -> Vec<usize> {
+        if !inline || self.relu_in.contains_key(&v) {
+            return vec![];
+        }
         let ins = &self.p.instrs[v];
+        let ops = |k: usize| ins.operands[k].index();
+        match &ins.op {
+            Op::Unary(_) | Op::Convert | Op::StopGradient | Op::Copy | Op::Reshape => vec![ops(0)],
+            // `x * 1` is `x` exactly (the autodiff seeds gradients with ones).
+            Op::Binary(BinaryOp::Mul) if self.p.splat_value(ins.operands[1]) == Some(1.0) => {
+                vec![ops(0)]
+            }
+            Op::Binary(BinaryOp::Mul) if self.p.splat_value(ins.operands[0]) == Some(1.0) => {
+                vec![ops(1)]
+            }
+            Op::Binary(_) | Op::Compare(_) => vec![ops(0), ops(1)],
+            Op::Select => vec![ops(0), ops(1), ops(2)],
+            _ => vec![],
+        }
+    }
+
+    /// The node of `v` given the nodes `kids` of its [`GroupBuilder::parts`].
+    fn finish(&mut self, v: usize, inline: bool, kids: &[usize]) -> usize {
+        let p = self.p;
+        let ins = &p.instrs[v];
         let dt = ins.ty.dtype;
-        let n = if let (true, Some(&a)) = (inline, self.relu_in.get(&v)) {
+        if let (true, Some(&a)) = (inline, self.relu_in.get(&v)) {
             // The coded ReLU `max(a, 0)`, `-0` where `a < 0` (see `relu_codes`).
             let k = self.input(a);
             let a = self.push(Node::Input(k), DType::F32);
-            self.push(Node::ReluCode(a), DType::F32)
-        } else if let (false, Some(&h)) = (inline, self.relu_of.get(&v)) {
+            return self.push(Node::ReluCode(a), DType::F32);
+        }
+        if let (false, Some(&h)) = (inline, self.relu_of.get(&v)) {
             // The pre-activation as its compares with zero see it, from its coded ReLU.
             let k = self.input(h);
             let h = self.push(Node::Input(k), DType::F32);
-            self.push(Node::ReluDecode(h), DType::F32)
-        } else if !inline {
+            return self.push(Node::ReluDecode(h), DType::F32);
+        }
+        if !inline {
             let k = self.input(v);
-            self.push(Node::Input(k), dt)
-        } else {
-            let ops: Vec<usize> = ins.operands.iter().map(|o| o.index()).collect();
-            let sub = |this: &mut Self, o: usize| {
-                let op = &this.p.instrs[o].op;
-                let inl = this.absorbed[o] || generator(op);
-                this.node(o, inl)
-            };
-            match &ins.op {
-                Op::Unary(u) => {
-                    let a = sub(self, ops[0]);
-                    self.push(Node::Unary(*u, a), dt)
-                }
-                // `x * 1` is `x` exactly (the autodiff seeds gradients with ones).
-                Op::Binary(BinaryOp::Mul) if self.p.splat_value(ins.operands[1]) == Some(1.0) => {
-                    sub(self, ops[0])
-                }
-                Op::Binary(BinaryOp::Mul) if self.p.splat_value(ins.operands[0]) == Some(1.0) => {
-                    sub(self, ops[1])
-                }
-                Op::Binary(b) => {
-                    let (a, c) = (sub(self, ops[0]), sub(self, ops[1]));
-                    self.push(Node::Binary(*b, a, c), dt)
-                }
-                Op::Compare(c) => {
-                    let (a, b) = (sub(self, ops[0]), sub(self, ops[1]));
-                    self.push(Node::Compare(*c, a, b), dt)
-                }
-                Op::Select => {
-                    let a = sub(self, ops[0]);
-                    let b = sub(self, ops[1]);
-                    let c = sub(self, ops[2]);
-                    self.push(Node::Select(a, b, c), dt)
-                }
-                Op::Convert => {
-                    let a = sub(self, ops[0]);
-                    self.push(Node::Convert(a), dt)
-                }
-                Op::StopGradient | Op::Copy | Op::Reshape => sub(self, ops[0]),
-                Op::Constant {
-                    value: Literal::Splat(x),
-                } => self.push(Node::Splat(*x), dt),
-                Op::Iota { dim } => {
-                    let st = strides(&ins.ty.shape);
-                    self.push(
-                        Node::Iota {
-                            stride: st[*dim],
-                            size: ins.ty.shape[*dim],
-                        },
-                        dt,
-                    )
-                }
-                Op::Broadcast { dims } => {
-                    let src = ops[0];
-                    let ist = strides(&self.p.instrs[src].ty.shape);
-                    let mut st = vec![0usize; ins.ty.rank()];
-                    for (k, &d) in dims.iter().enumerate() {
-                        st[d] = ist[k];
-                    }
-                    let (shape, st) = collapse_broadcast(&ins.ty.shape, &st);
-                    let input = self.input(src);
-                    self.broadcast_inputs.push(input);
-                    self.push(Node::Broadcast { input, shape, st }, dt)
-                }
-                Op::Parameter { .. }
-                | Op::Constant { .. }
-                | Op::Transpose { .. }
-                | Op::Slice { .. }
-                | Op::DynamicSlice { .. }
-                | Op::DynamicUpdateSlice
-                | Op::Pad { .. }
-                | Op::Concatenate { .. }
-                | Op::Reduce { .. }
-                | Op::DotGeneral(_)
-                | Op::Conv { .. }
-                | Op::Reverse { .. }
-                | Op::Cumsum { .. }
-                | Op::Argmax { .. }
-                | Op::Gather { .. }
-                | Op::ScatterAdd { .. }
-                | Op::Rng { .. }
-                | Op::PartitionId
-                | Op::AllReduce { .. }
-                | Op::AllGather { .. }
-                | Op::ReduceScatter { .. }
-                | Op::AllToAll { .. }
-                | Op::CollectivePermute { .. } => {
-                    let k = self.input(v);
-                    self.push(Node::Input(k), dt)
-                }
+            return self.push(Node::Input(k), dt);
+        }
+        match &ins.op {
+            Op::Unary(u) => self.push(Node::Unary(*u, kids[0]), dt),
+            Op::Binary(BinaryOp::Mul)
+                if p.splat_value(ins.operands[1]) == Some(1.0)
+                    || p.splat_value(ins.operands[0]) == Some(1.0) =>
+            {
+                kids[0]
             }
-        };
-        self.memo.insert(v, n);
-        n
+            Op::Binary(b) => self.push(Node::Binary(*b, kids[0], kids[1]), dt),
+            Op::Compare(c) => self.push(Node::Compare(*c, kids[0], kids[1]), dt),
+            Op::Select => self.push(Node::Select(kids[0], kids[1], kids[2]), dt),
+            Op::Convert => self.push(Node::Convert(kids[0]), dt),
+            Op::StopGradient | Op::Copy | Op::Reshape => kids[0],
+            Op::Constant {
+                value: Literal::Splat(x),
+            } => self.push(Node::Splat(*x), dt),
+            Op::Iota { dim } => {
+                let st = strides(&ins.ty.shape);
+                self.push(
+                    Node::Iota {
+                        stride: st[*dim],
+                        size: ins.ty.shape[*dim],
+                    },
+                    dt,
+                )
+            }
+            Op::Broadcast { dims } => {
+                let src = ins.operands[0].index();
+                let ist = strides(&p.instrs[src].ty.shape);
+                let mut st = vec![0usize; ins.ty.rank()];
+                for (k, &d) in dims.iter().enumerate() {
+                    st[d] = ist[k];
+                }
+                let (shape, st) = collapse_broadcast(&ins.ty.shape, &st);
+                let input = self.input(src);
+                self.broadcast_inputs.push(input);
+                self.push(Node::Broadcast { input, shape, st }, dt)
+            }
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Pad { .. }
+            | Op::Concatenate { .. }
+            | Op::Reduce { .. }
+            | Op::DotGeneral(_)
+            | Op::Conv { .. }
+            | Op::Reverse { .. }
+            | Op::Cumsum { .. }
+            | Op::Argmax { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::Rng { .. }
+            | Op::PartitionId
+            | Op::AllReduce { .. }
+            | Op::AllGather { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllToAll { .. }
+            | Op::CollectivePermute { .. } => {
+                let k = self.input(v);
+                self.push(Node::Input(k), dt)
+            }
+        }
     }
 }
 
@@ -1147,8 +1193,30 @@ impl Executable {
         let relu_in: HashMap<usize, usize> = relu_of.iter().map(|(&a, &h)| (h, a)).collect();
         let numel = |i: usize| p.instrs[i].ty.num_elements();
         let mut absorbed = vec![false; n];
+        // `size[i]`: at most how many nodes the group of `i`'s absorbed operands and `i`
+        // has, kept under MAX_GROUP_NODES by materialising the largest absorbed operands.
+        let mut size = vec![1usize; n];
         for i in 0..n {
             let op = &p.instrs[i].op;
+            if fusible(op) && !reference_kernels {
+                let mut parts: Vec<usize> =
+                    p.instrs[i].operands.iter().map(|o| o.index()).collect();
+                parts.sort_unstable();
+                parts.dedup();
+                parts.retain(|&o| absorbed[o]);
+                let operands = p.instrs[i].operands.len();
+                let mut total = 1 + operands + parts.iter().map(|&o| size[o]).sum::<usize>();
+                while total > MAX_GROUP_NODES {
+                    let Some(k) = (0..parts.len()).max_by_key(|&k| (size[parts[k]], parts[k]))
+                    else {
+                        break;
+                    };
+                    let o = parts.swap_remove(k);
+                    absorbed[o] = false;
+                    total -= size[o];
+                }
+                size[i] = total;
+            }
             if fusible(op) && !reference_kernels && !is_output[i] && consumers[i].len() == 1 {
                 let c = consumers[i][0];
                 absorbed[i] = fusible(&p.instrs[c].op) && numel(c) == numel(i);
