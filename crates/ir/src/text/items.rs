@@ -12,7 +12,7 @@ use crate::op::{Op, ReduceOp, RngDist};
 /// A non-negative integer that fits `u64`.
 pub(super) fn parse_u64(c: &mut Cursor, what: &str) -> Result<(u64, usize), ParseError> {
     let t = c.peek();
-    let Tok::Num(s) = &t.tok else {
+    let Tok::Num(s) = t.tok else {
         return Err(c.unexpected(what));
     };
     if !s.bytes().all(|b| b.is_ascii_digit()) {
@@ -82,7 +82,7 @@ fn float_from_str(s: &str) -> Result<f64, &'static str> {
 
 pub(super) fn parse_float(c: &mut Cursor) -> Result<f64, ParseError> {
     let t = c.peek();
-    let text = match &t.tok {
+    let text = match t.tok {
         Tok::Num(s) | Tok::Ident(s) => s,
         _ => return Err(c.unexpected("a number")),
     };
@@ -92,38 +92,96 @@ pub(super) fn parse_float(c: &mut Cursor) -> Result<f64, ParseError> {
     Ok(v)
 }
 
-/// `[item, item, ...]`; returns the items and the column of `[`.
-pub(super) fn parse_list<T>(
-    c: &mut Cursor,
+/// `[item, item, ...]`, calling `item(c, k)` to read the `k`-th; returns the number of
+/// items and the column of `[`. The caller keeps what it needs of each.
+pub(super) fn parse_each<'a>(
+    c: &mut Cursor<'a>,
     what: &str,
-    mut item: impl FnMut(&mut Cursor) -> Result<T, ParseError>,
-) -> Result<(Vec<T>, usize), ParseError> {
+    mut item: impl FnMut(&mut Cursor<'a>, usize) -> Result<(), ParseError>,
+) -> Result<(usize, usize), ParseError> {
     let open = c.expect_punct('[', &format!("`[` starting {what}"))?;
-    let mut items = Vec::new();
     if c.eat_punct(']').is_some() {
-        return Ok((items, open));
+        return Ok((0, open));
     }
+    let mut k = 0;
     loop {
-        items.push(item(c)?);
+        item(c, k)?;
+        k += 1;
         if c.eat_punct(']').is_some() {
-            return Ok((items, open));
+            return Ok((k, open));
         }
         c.expect_punct(',', "`,` or `]`")?;
     }
+}
+
+/// `[item, item, ...]`; returns the items and the column of `[`. Room for at most `room`
+/// items is reserved up front (fewer when the rest of the line is too short to hold them,
+/// each taking at least `min_bytes` with its comma), so a long list grows no copies.
+pub(super) fn parse_list<'a, T>(
+    c: &mut Cursor<'a>,
+    what: &str,
+    room: usize,
+    min_bytes: usize,
+    mut item: impl FnMut(&mut Cursor<'a>) -> Result<T, ParseError>,
+) -> Result<(Vec<T>, usize), ParseError> {
+    let mut items = Vec::with_capacity(room.min(c.bytes_left() / min_bytes.max(1) + 1));
+    let (_, open) = parse_each(c, what, |c, _| {
+        items.push(item(c)?);
+        Ok(())
+    })?;
+    Ok((items, open))
+}
+
+/// [`parse_list`] of at most [`MAX_RANK`] items (an op's dims, axes of a mesh): the next
+/// one is an error at its column, "{what} has more than 64 entries ({why})".
+fn parse_short_list<'a, T>(
+    c: &mut Cursor<'a>,
+    what: &str,
+    why: &str,
+    mut item: impl FnMut(&mut Cursor<'a>) -> Result<T, ParseError>,
+) -> Result<Vec<T>, ParseError> {
+    let mut items = Vec::new();
+    parse_each(c, what, |c, k| {
+        if k == MAX_RANK {
+            return Err(c.err(
+                c.peek().col,
+                format!("{what} has more than {MAX_RANK} entries ({why})"),
+            ));
+        }
+        items.push(item(c)?);
+        Ok(())
+    })?;
+    Ok(items)
+}
+
+/// Push one more sharding entry (a dim, an axis) at the current token, unless `entries`
+/// already has [`MAX_RANK`]: then the error "{too_many}".
+fn push_bounded<T>(
+    c: &Cursor,
+    entries: &mut Vec<T>,
+    entry: T,
+    col: usize,
+    too_many: &str,
+) -> Result<(), ParseError> {
+    if entries.len() == MAX_RANK {
+        return Err(c.err(col, too_many));
+    }
+    entries.push(entry);
+    Ok(())
 }
 
 /// A mesh axis name: letters, digits and `_` (a word that starts with a digit lexes as a
 /// number), but not `_` alone, which means "not split" in shardings.
 pub(super) fn parse_axis(c: &mut Cursor) -> Result<(String, usize), ParseError> {
     let t = c.peek();
-    match &t.tok {
-        Tok::Ident(s) if s == "_" => Err(c.err(
+    match t.tok {
+        Tok::Ident("_") => Err(c.err(
             t.col,
             "`_` cannot name a mesh axis (in a sharding it means an unsplit dim)",
         )),
         Tok::Ident(s) | Tok::Num(s) if s.chars().all(is_word_char) => {
             c.bump();
-            Ok((s.clone(), t.col))
+            Ok((s.to_string(), t.col))
         }
         _ => Err(c.unexpected("a mesh axis name")),
     }
@@ -138,8 +196,8 @@ fn parse_keyword<T: Copy>(
     let names: Vec<String> = options.iter().map(|(n, _)| format!("`{n}`")).collect();
     let expected = format!("{what}: one of {}", names.join(", "));
     let t = c.peek();
-    if let Tok::Ident(s) = &t.tok {
-        if let Some((_, v)) = options.iter().find(|(n, _)| n == s) {
+    if let Tok::Ident(s) = t.tok {
+        if let Some((_, v)) = options.iter().find(|(n, _)| *n == s) {
             c.bump();
             return Ok(*v);
         }
@@ -182,13 +240,22 @@ pub(super) fn parse_type(c: &mut Cursor) -> Result<Type, ParseError> {
     Ok(Type::new(dtype, shape))
 }
 
-/// `{dims | partial axes}` (the `@` already consumed).
+/// `{dims | partial axes}` (the `@` already consumed). Every list in it has at most
+/// [`MAX_RANK`] entries (no type has more dims, no mesh more axes): the next one is an error.
 pub(super) fn parse_sharding(c: &mut Cursor) -> Result<Sharding, ParseError> {
     c.expect_punct('{', "`{` starting a sharding, e.g. `@{data, _}`")?;
     let mut s = Sharding::default();
     if !c.is_punct('}') && !c.is_punct('|') {
         loop {
-            s.dims.push(parse_sharding_dim(c)?);
+            let col = c.peek().col;
+            let dim = parse_sharding_dim(c)?;
+            push_bounded(
+                c,
+                &mut s.dims,
+                dim,
+                col,
+                "the sharding has more than 64 dims (a type has at most 64; give one entry per dim)",
+            )?;
             if c.eat_punct(',').is_none() {
                 break;
             }
@@ -196,12 +263,19 @@ pub(super) fn parse_sharding(c: &mut Cursor) -> Result<Sharding, ParseError> {
     }
     if c.eat_punct('|').is_some() {
         let t = c.peek();
-        if t.tok != Tok::Ident("partial".into()) {
+        if t.tok != Tok::Ident("partial") {
             return Err(c.unexpected("`partial` after `|`"));
         }
         c.bump();
         loop {
-            s.partial.push(parse_axis(c)?.0);
+            let (axis, col) = parse_axis(c)?;
+            push_bounded(
+                c,
+                &mut s.partial,
+                axis,
+                col,
+                "the sharding has more than 64 partial axes (a mesh has at most 64 axes)",
+            )?;
             if c.eat_punct(',').is_none() {
                 break;
             }
@@ -215,7 +289,7 @@ pub(super) fn parse_sharding(c: &mut Cursor) -> Result<Sharding, ParseError> {
 
 /// One dim of a sharding: `_`, an axis, or `(axis,axis,...)`.
 fn parse_sharding_dim(c: &mut Cursor) -> Result<Vec<String>, ParseError> {
-    if c.peek().tok == Tok::Ident("_".into()) {
+    if c.peek().tok == Tok::Ident("_") {
         c.bump();
         return Ok(vec![]);
     }
@@ -228,7 +302,14 @@ fn parse_sharding_dim(c: &mut Cursor) -> Result<Vec<String>, ParseError> {
     }
     let mut axes = Vec::new();
     loop {
-        axes.push(parse_axis(c)?.0);
+        let (axis, col) = parse_axis(c)?;
+        push_bounded(
+            c,
+            &mut axes,
+            axis,
+            col,
+            "a sharding dim has more than 64 axes (a mesh has at most 64 axes)",
+        )?;
         if c.eat_punct(')').is_some() {
             return Ok(axes);
         }
@@ -255,17 +336,17 @@ fn parse_attr_value(c: &mut Cursor, key: &str, slot: &mut Slot) -> Result<(), Pa
         Slot::U64(x) => **x = parse_u64(c, &what)?.0,
         Slot::Bool(x) => **x = parse_keyword(c, &what, &[("true", true), ("false", false)])?,
         Slot::List(x) => {
-            **x = parse_list(
-                c,
-                &list,
-                |c| Ok(parse_index(c, "a non-negative integer")?.0),
-            )?
-            .0
+            **x = parse_short_list(c, &list, "a type has at most 64 dims", |c| {
+                Ok(parse_index(c, "a non-negative integer")?.0)
+            })?
         }
         Slot::Axes(x) => {
-            **x = parse_list(c, &list, |c| Ok(parse_axis(c)?.0))?.0;
+            **x = parse_short_list(c, &list, "a mesh has at most 64 axes", |c| {
+                Ok(parse_axis(c)?.0)
+            })?;
         }
-        Slot::Pairs(x) => **x = parse_list(c, &list, parse_pair)?.0,
+        // `(0,1)` and a comma: 6 bytes at least.
+        Slot::Pairs(x) => **x = parse_list(c, &list, usize::MAX, 6, parse_pair)?.0,
         Slot::Reduce(x) => {
             let options = ReduceOp::ALL.map(|r| (r.name(), r));
             **x = parse_keyword(c, &what, &options)?;
@@ -288,7 +369,7 @@ pub(super) fn parse_attributes(
     let op_name = op.name();
     let mut slots = slots(op);
     let mut given = vec![false; slots.len()];
-    while let Tok::Ident(key) = &c.peek().tok {
+    while let Tok::Ident(key) = c.peek().tok {
         let key_col = c.peek().col;
         let Some(k) = slots.iter().position(|s| s.name == key) else {
             let msg = if slots.is_empty() {

@@ -37,6 +37,12 @@
 //! axes, 2^20 mesh devices) so that no later shape arithmetic can overflow and no check can
 //! take quadratic time in a huge rank.
 //!
+//! Memory: tokens are lexed on demand and borrow their text from the line, so parsing a
+//! line holds only what it keeps (a dense constant's values: 8 bytes per value of at least
+//! 2 bytes of text). Lists bounded by a rank (a type's dims, an op's dim and axis lists, a
+//! sharding's entries) fail at their 65th entry; other lists (device ids, a constant's
+//! values) keep no more entries than the mesh or the type has, and count the rest.
+//!
 //! Files: `lex` (tokens and the cursor over one line), `items` (numbers, lists, types,
 //! shardings, attribute values), `parse` (lines: mesh, instructions, outputs), `attrs` (the
 //! attribute tables of every op), `print` (the printer).

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 
 use super::attrs::op_template;
 use super::items::{
-    parse_attributes, parse_axis, parse_float, parse_list, parse_sharding, parse_type, parse_u64,
+    parse_attributes, parse_axis, parse_each, parse_float, parse_sharding, parse_type, parse_u64,
 };
-use super::lex::{lex_line, Cursor, Tok};
+use super::lex::{Cursor, Tok};
 use super::{MAX_DEVICES, MAX_RANK};
 use crate::dtype::Type;
 use crate::error::ParseError;
@@ -22,12 +22,7 @@ pub fn parse(src: &str) -> Result<Program, ParseError> {
     let mut p = Parser::default();
     for (i, text) in src.split('\n').enumerate() {
         let line = i + 1;
-        let toks = lex_line(text, line)?;
-        let mut c = Cursor {
-            toks: &toks,
-            pos: 0,
-            line,
-        };
+        let mut c = Cursor::new(text, line)?;
         p.line(&mut c)?;
     }
     p.finish()
@@ -48,11 +43,11 @@ pub(super) struct Parser {
 
 impl Parser {
     fn line(&mut self, c: &mut Cursor) -> Result<(), ParseError> {
-        match &c.peek().tok {
+        match c.peek().tok {
             Tok::End => Ok(()),
             Tok::Value(_) => self.instruction(c),
-            Tok::Ident(k) if k == "mesh" => self.mesh(c),
-            Tok::Ident(k) if k == "output" => self.output(c),
+            Tok::Ident("mesh") => self.mesh(c),
+            Tok::Ident("output") => self.output(c),
             _ => Err(c.unexpected(
                 "an instruction `%name = ...`, `output \"name\" = %value`, `mesh [...]` or end of line",
             )),
@@ -71,11 +66,17 @@ impl Parser {
         if !self.prog.instrs.is_empty() || !self.prog.outputs.is_empty() {
             return Err(c.err(kw_col, "the mesh must be declared before any instruction"));
         }
-        let (axes, _) = parse_list(c, "the mesh axes, e.g. `[data=2, expert=4]`", |c| {
+        // Every axis is read (a syntax error anywhere in the list comes first), but only the
+        // first 65 are kept: the checks below stop at the 65th.
+        let mut axes = Vec::new();
+        parse_each(c, "the mesh axes, e.g. `[data=2, expert=4]`", |c, k| {
             let (name, name_col) = parse_axis(c)?;
             c.expect_punct('=', "`=` and the axis size")?;
             let (size, size_col) = parse_u64(c, "the axis size")?;
-            Ok((name, name_col, size, size_col))
+            if k <= MAX_RANK {
+                axes.push((name, name_col, size, size_col));
+            }
+            Ok(())
         })?;
         let mut devices: u64 = 1;
         for (k, (name, name_col, size, size_col)) in axes.iter().enumerate() {
@@ -99,19 +100,27 @@ impl Parser {
                 .filter(|&n| n <= MAX_DEVICES)
                 .ok_or_else(|| c.err(*size_col, "the mesh has too many devices (at most 2^20)"))?;
         }
-        let ids = if c.peek().tok == Tok::Ident("devices".into()) {
+        let ids = if c.peek().tok == Tok::Ident("devices") {
             c.bump();
             c.expect_punct('=', "`=` after `devices`")?;
-            let (ids, col) = parse_list(c, "the device ids", |c| {
+            // Every id is read and checked, but only as many as the mesh has are kept.
+            // (`devices` is at most 2^20; `0,` takes 2 bytes.)
+            let want = devices as usize;
+            let mut ids = Vec::with_capacity(want.min(c.bytes_left() / 2 + 1));
+            let (got, col) = parse_each(c, "the device ids", |c, k| {
                 let (id, col) = parse_u64(c, "a device id")?;
-                u32::try_from(id).map_err(|_| c.err(col, format!("device id {id} is too large")))
+                let id = u32::try_from(id)
+                    .map_err(|_| c.err(col, format!("device id {id} is too large")))?;
+                if k < want {
+                    ids.push(id);
+                }
+                Ok(())
             })?;
-            if ids.len() as u64 != devices {
+            if got != want {
                 return Err(c.err(
                     col,
                     format!(
-                        "mesh needs {devices} device ids (the product of its axis sizes), got {}",
-                        ids.len()
+                        "mesh needs {devices} device ids (the product of its axis sizes), got {got}"
                     ),
                 ));
             }
@@ -139,7 +148,7 @@ impl Parser {
     fn output(&mut self, c: &mut Cursor) -> Result<(), ParseError> {
         c.bump();
         let (name, col) = c.string("the output name as a string, e.g. `output \"y\" = %5`")?;
-        if let Some(l) = self.outputs.get(name) {
+        if let Some(l) = self.outputs.get(name.as_ref()) {
             return Err(c.err(
                 col,
                 format!("output \"{name}\" is already declared on line {l}"),
@@ -156,7 +165,7 @@ impl Parser {
     /// A use of a defined value.
     fn operand(&self, c: &mut Cursor) -> Result<ValueId, ParseError> {
         let t = c.peek();
-        let Tok::Value(name) = &t.tok else {
+        let Tok::Value(name) = t.tok else {
             return Err(c.unexpected("a value such as `%0`"));
         };
         let (id, _) = self.values.get(name).ok_or_else(|| {
@@ -172,7 +181,7 @@ impl Parser {
     /// `%name = TYPE OP(ARGS) ATTRS @SHARDING`.
     fn instruction(&mut self, c: &mut Cursor) -> Result<(), ParseError> {
         let t = c.bump();
-        let Tok::Value(name) = &t.tok else {
+        let Tok::Value(name) = t.tok else {
             return Err(c.err(t.col, "expected `%name`"));
         };
         if let Some((_, l)) = self.values.get(name) {
@@ -232,7 +241,8 @@ impl Parser {
             ty,
             sharding: sharding.map(|(s, _)| s),
         });
-        self.values.insert(name.clone(), (ValueId(index), c.line));
+        self.values
+            .insert(name.to_string(), (ValueId(index), c.line));
         self.instr_lines.push(c.line);
         Ok(())
     }
@@ -247,7 +257,7 @@ impl Parser {
     ) -> Result<Vec<ValueId>, ParseError> {
         if let Op::Parameter { name } = op {
             let (s, col) = c.string("the parameter name as a string, e.g. `parameter(\"x\")`")?;
-            if let Some(l) = self.params.get(s) {
+            if let Some(l) = self.params.get(s.as_ref()) {
                 return Err(c.err(
                     col,
                     format!("parameter \"{s}\" is already declared on line {l}"),
@@ -291,16 +301,22 @@ pub(super) fn parse_literal(c: &mut Cursor, ty: &Type) -> Result<Literal, ParseE
     if !c.is_punct('[') {
         return Ok(Literal::Splat(parse_float(c)?));
     }
-    let (values, open) = parse_list(c, "the constant's values", parse_float)?;
-    // The type is bounded by parse_type, so this product cannot overflow.
+    // The type is bounded by parse_type, so this product cannot overflow. Every value is
+    // read and checked, but at most `n` are kept, in room reserved once (a value and its
+    // comma take 2 bytes at least).
     let n = ty.num_elements();
-    if values.len() != n {
+    let mut values = Vec::with_capacity(n.min(c.bytes_left() / 2 + 1));
+    let (got, open) = parse_each(c, "the constant's values", |c, k| {
+        let v = parse_float(c)?;
+        if k < n {
+            values.push(v);
+        }
+        Ok(())
+    })?;
+    if got != n {
         return Err(c.err(
             open,
-            format!(
-                "dense constant has {} values but {ty} has {n} elements",
-                values.len()
-            ),
+            format!("dense constant has {got} values but {ty} has {n} elements"),
         ));
     }
     Ok(Literal::Dense(values))
