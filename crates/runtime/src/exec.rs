@@ -80,6 +80,7 @@
 //! [`RunResult::peak_bytes_per_device`] is the peak of live buffer bytes (parameters
 //! included, aliases counted once); `peak_resident_bytes_per_device` adds the pool.
 
+use crate::alloc::AllocError;
 use crate::comm::{place_all_to_all, wire_bytes, CommError, Communicator, Sinks};
 use crate::kernels::dot::{
     dot, dot_known, dot_masked, dot_masked_sums, dot_then, masked_row_sums, DotPath, DotPlan,
@@ -88,7 +89,7 @@ use crate::kernels::dot::{
 use crate::kernels::elementwise::{
     collapse_broadcast, run_fused_inplace, run_fused_part, Fused, Node,
 };
-use crate::kernels::{bytes, conv, index, layout, reduce, scalar_f64, strides, zeros};
+use crate::kernels::{bytes, conv, index, layout, reduce, scalar_f64, strides, try_zeros};
 use crate::profile::{Profiler, TraceEvent};
 use crate::reference::RuntimeError;
 use crate::tensor::{Data, HostTensor};
@@ -241,12 +242,12 @@ struct Pool {
 }
 
 impl Pool {
-    fn take(&mut self, dtype: DType, n: usize) -> Data {
+    fn take(&mut self, dtype: DType, n: usize) -> Result<Data, AllocError> {
         if let Some(d) = self.free.get_mut(&(dtype, n)).and_then(Vec::pop) {
             self.bytes -= bytes(&d);
-            return d;
+            return Ok(d);
         }
-        zeros(dtype, n)
+        try_zeros(dtype, n)
     }
 
     fn give(&mut self, d: Data, cap: usize) {
@@ -366,9 +367,10 @@ fn generator(op: &Op) -> bool {
 }
 
 /// Most nodes of one fused group (an upper bound counted over its ops and their operands):
-/// each node takes a scratch lane of [`kernels::elementwise::CHUNK`] elements per thread, so a
-/// chain of elementwise ops as long as the program is cut into groups of at most this many
-/// (each group's root is materialised and read by the next; the same values to the bit).
+/// each node takes a scratch lane of [`CHUNK`](crate::kernels::elementwise::CHUNK) elements
+/// per thread, so a chain of elementwise ops as long as the program is cut into groups of
+/// at most this many (each group's root is materialised and read by the next; the same
+/// values to the bit).
 const MAX_GROUP_NODES: usize = 1024;
 
 /// Builds one fused group rooted at `root`.
@@ -1875,9 +1877,12 @@ impl Executable {
                     let sends = if shared { &self.sends[k][..] } else { &[] };
                     let mut sinks = Vec::with_capacity(sends.len());
                     for &si in sends {
-                        let ty = &self.program.instrs[self.steps[si].instr].ty;
+                        let v = self.steps[si].instr;
                         let n = self.mesh_of(si)?.0.num_devices();
-                        let mut bufs: Vec<Data> = devs.iter_mut().map(|d| d.alloc(ty)).collect();
+                        let mut bufs: Vec<Data> = devs
+                            .iter_mut()
+                            .map(|d| d.alloc(self, v))
+                            .collect::<Result<_, _>>()?;
                         let ptrs = Sinks::new(n, positions, &mut bufs);
                         placed.insert(si, bufs);
                         sinks.push((si, ptrs));
@@ -2017,7 +2022,7 @@ impl Executable {
         let c = self.class[v];
         let dies = self.last_read[c] == si && self.members[c].len() == 1;
         let mut moved = vec![0usize; devs.len()];
-        let take = |(d, moved): (&mut Dev, &mut usize)| {
+        let take = |(d, moved): (&mut Dev, &mut usize)| -> Result<HostTensor, ExecError> {
             let data = match d.vals[v].take() {
                 Some(Buf::Own(a)) if dies => match Arc::try_unwrap(a) {
                     Ok(data) => {
@@ -2025,32 +2030,35 @@ impl Executable {
                         data
                     }
                     Err(a) => {
-                        let data = d.copy_of(&a);
+                        let data = d.copy_of(self, v, &a);
                         d.vals[v] = Some(Buf::Own(a));
-                        data
+                        data?
                     }
                 },
                 Some(b) => {
-                    let data = d.copy_of(b.data());
+                    let data = d.copy_of(self, v, b.data());
                     d.vals[v] = Some(b);
-                    data
+                    data?
                 }
                 None => unreachable!("operands are live"),
             };
-            HostTensor {
+            Ok(HostTensor {
                 ty: operand_ty.clone(),
                 data,
-            }
+            })
         };
         // Small operands (a loss, a norm) are gathered on this thread: handing a few bytes
         // to the pool costs more than copying them.
         let local: Vec<HostTensor> = if operand_ty.num_elements() < SMALL_COLLECTIVE {
-            devs.iter_mut().zip(moved.iter_mut()).map(take).collect()
+            devs.iter_mut()
+                .zip(moved.iter_mut())
+                .map(take)
+                .collect::<Result<_, _>>()?
         } else {
             devs.par_iter_mut()
                 .zip(moved.par_iter_mut())
                 .map(take)
-                .collect()
+                .collect::<Result<_, _>>()?
         };
         let out = if self.reference_kernels {
             crate::reference::collective_on_hosts(&ins.op, mesh, &local).ok_or_else(|| {
@@ -2273,9 +2281,12 @@ impl Dev<'_> {
         self.pool.give(d, cap);
     }
 
-    /// A copy of `x` in a pooled buffer (a fresh one costs a page fault per 4 KiB).
-    fn copy_of(&mut self, x: &Data) -> Data {
-        let mut d = self.pool.take(x.dtype(), x.len());
+    /// A copy of `x` (value `v`) in a pooled buffer (a fresh one costs a page fault per 4 KiB).
+    fn copy_of(&mut self, exe: &Executable, v: usize, x: &Data) -> Result<Data, ExecError> {
+        let mut d = self
+            .pool
+            .take(x.dtype(), x.len())
+            .map_err(|e| self.out_of_memory(exe, v, e))?;
         match (&mut d, x) {
             (Data::F32(o), Data::F32(i)) => o.copy_from_slice(i),
             (Data::F64(o), Data::F64(i)) => o.copy_from_slice(i),
@@ -2284,13 +2295,24 @@ impl Dev<'_> {
             (Data::Bool(o), Data::Bool(i)) => o.copy_from_slice(i),
             _ => unreachable!("the pool returns the requested dtype"),
         }
-        d
+        Ok(d)
     }
 
-    fn alloc(&mut self, ty: &Type) -> Data {
-        let d = self.pool.take(ty.dtype, ty.num_elements());
+    /// A buffer for value `v` (from the pool, else fresh), or the error naming `v` when
+    /// the machine cannot hold it.
+    fn alloc(&mut self, exe: &Executable, v: usize) -> Result<Data, ExecError> {
+        let ty = &exe.program.instrs[v].ty;
+        let d = self
+            .pool
+            .take(ty.dtype, ty.num_elements())
+            .map_err(|e| self.out_of_memory(exe, v, e))?;
         self.add_live(bytes(&d));
-        d
+        Ok(d)
+    }
+
+    fn out_of_memory(&self, exe: &Executable, v: usize, e: AllocError) -> ExecError {
+        let ty = &exe.program.instrs[v].ty;
+        RuntimeError::out_of_memory(e, v, ty, Some(self.pos)).into()
     }
 
     /// Return a buffer from [`Dev::alloc`] that no value holds (a step's scratch).
@@ -2475,7 +2497,7 @@ impl Dev<'_> {
                         detail = "in place".into();
                         Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone())
                     }
-                    None => self.alloc(&ins.ty),
+                    None => self.alloc(exe, s.instr)?,
                 };
                 {
                     let empty = Data::Bool(Vec::new());
@@ -2495,13 +2517,13 @@ impl Dev<'_> {
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }
             Kind::Dot(plan) => {
-                let mut out = self.alloc(&ins.ty);
+                let mut out = self.alloc(exe, s.instr)?;
                 let tail = self.tail(exe, si);
                 (flops, detail) = self.run_dot(exe, plan, s.reads[0], s.reads[1], &mut out, &tail);
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }
             Kind::MaskedDot { plan, masks } => {
-                let mut out = self.alloc(&ins.ty);
+                let mut out = self.alloc(exe, s.instr)?;
                 let (l, r) = (s.reads[0], s.reads[1]);
                 let computed = match (self.data(l), self.data(r), &mut out) {
                     (Data::F32(lv), Data::F32(rv), Data::F32(o)) => {
@@ -2529,8 +2551,8 @@ impl Dev<'_> {
                 let (l, r) = (s.reads[0], s.reads[1]);
                 let mut outs: Vec<Data> = terms
                     .iter()
-                    .map(|&(_, u)| self.alloc(&exe.program.instrs[u].ty))
-                    .collect();
+                    .map(|&(_, u)| self.alloc(exe, u))
+                    .collect::<Result<_, _>>()?;
                 fn f32s(d: &Data) -> Option<&[f32]> {
                     match d {
                         Data::F32(x) => Some(x.as_slice()),
@@ -2573,7 +2595,7 @@ impl Dev<'_> {
                     }
                     None => {
                         drop(sums);
-                        let mut prod = self.alloc(&exe.program.instrs[*dot].ty);
+                        let mut prod = self.alloc(exe, *dot)?;
                         (flops, detail) = self.run_dot(exe, plan, l, r, &mut prod, &NO_TAIL);
                         detail.push_str(" (masks dense), summed");
                         let Data::F32(pv) = &prod else {
@@ -2611,12 +2633,11 @@ impl Dev<'_> {
                 slot,
                 keep,
             } => {
-                let dot_ty = &exe.program.instrs[*dot].ty;
                 let (l, r) = (s.reads[0], s.reads[1]);
                 let tail = self.tail(exe, si);
-                let mut d = self.alloc(dot_ty);
+                let mut d = self.alloc(exe, *dot)?;
                 let mut o = if *keep {
-                    Some(self.alloc(&ins.ty))
+                    Some(self.alloc(exe, s.instr)?)
                 } else {
                     None
                 };
@@ -2691,11 +2712,22 @@ impl Dev<'_> {
                         })
                         .collect();
                     let refs: Vec<&HostTensor> = args.iter().collect();
-                    let t = crate::reference::eval_local(s.instr, ins, &refs)?;
+                    let t =
+                        crate::reference::eval_local(s.instr, ins, &refs).map_err(|e| match e {
+                            RuntimeError::OutOfMemory { bytes, what, .. } => {
+                                let device = Some(self.pos);
+                                RuntimeError::OutOfMemory {
+                                    bytes,
+                                    what,
+                                    device,
+                                }
+                            }
+                            e => e,
+                        })?;
                     self.add_live(bytes(&t.data));
                     t.data
                 } else {
-                    let mut out = self.alloc(&ins.ty);
+                    let mut out = self.alloc(exe, s.instr)?;
                     let args: Vec<&Data> = s.reads.iter().map(|&v| self.data(v)).collect();
                     kernel(&exe.program, ins, &args, &mut out);
                     out
@@ -2703,7 +2735,7 @@ impl Dev<'_> {
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }
             Kind::SumProduct => {
-                let mut out = self.alloc(&ins.ty);
+                let mut out = self.alloc(exe, s.instr)?;
                 match (self.data(s.reads[0]), self.data(s.reads[1]), &mut out) {
                     (Data::F32(a), Data::F32(b), Data::F32(o)) => {
                         masked_row_sums(a.len(), a, b, &mut o[..1])
