@@ -92,14 +92,25 @@ impl Program {
 
     /// The value of every element of `v`, if it is a splat constant (possibly broadcast,
     /// reshaped or copied): lets passes treat `x * 1`, `max(x, 0)` specially.
+    /// Follows the chain in a loop (it may be as long as the program), only towards
+    /// earlier instructions (so an unverified program cannot make it cycle).
     pub fn splat_value(&self, v: ValueId) -> Option<f64> {
-        let ins = &self.instrs[v.index()];
-        match &ins.op {
-            Op::Constant {
-                value: Literal::Splat(x),
-            } => Some(*x),
-            Op::Broadcast { .. } | Op::Reshape | Op::Copy => self.splat_value(ins.operands[0]),
-            _ => None,
+        let mut v = v;
+        loop {
+            let ins = self.instrs.get(v.index())?;
+            match &ins.op {
+                Op::Constant {
+                    value: Literal::Splat(x),
+                } => return Some(*x),
+                Op::Broadcast { .. } | Op::Reshape | Op::Copy => {
+                    let next = *ins.operands.first()?;
+                    if next.index() >= v.index() {
+                        return None;
+                    }
+                    v = next;
+                }
+                _ => return None,
+            }
         }
     }
 

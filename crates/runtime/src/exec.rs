@@ -80,6 +80,7 @@
 //! [`RunResult::peak_bytes_per_device`] is the peak of live buffer bytes (parameters
 //! included, aliases counted once); `peak_resident_bytes_per_device` adds the pool.
 
+use crate::alloc::AllocError;
 use crate::comm::{place_all_to_all, wire_bytes, CommError, Communicator, Sinks};
 use crate::kernels::dot::{
     dot, dot_known, dot_masked, dot_masked_sums, dot_then, masked_row_sums, DotPath, DotPlan,
@@ -88,7 +89,7 @@ use crate::kernels::dot::{
 use crate::kernels::elementwise::{
     collapse_broadcast, run_fused_inplace, run_fused_part, Fused, Node,
 };
-use crate::kernels::{bytes, conv, index, layout, reduce, scalar_f64, strides, zeros};
+use crate::kernels::{bytes, conv, index, layout, reduce, scalar_f64, strides, try_zeros};
 use crate::profile::{Profiler, TraceEvent};
 use crate::reference::RuntimeError;
 use crate::tensor::{Data, HostTensor};
@@ -241,12 +242,12 @@ struct Pool {
 }
 
 impl Pool {
-    fn take(&mut self, dtype: DType, n: usize) -> Data {
+    fn take(&mut self, dtype: DType, n: usize) -> Result<Data, AllocError> {
         if let Some(d) = self.free.get_mut(&(dtype, n)).and_then(Vec::pop) {
             self.bytes -= bytes(&d);
-            return d;
+            return Ok(d);
         }
-        zeros(dtype, n)
+        try_zeros(dtype, n)
     }
 
     fn give(&mut self, d: Data, cap: usize) {
@@ -365,6 +366,13 @@ fn generator(op: &Op) -> bool {
     }
 }
 
+/// Most nodes of one fused group (an upper bound counted over its ops and their operands):
+/// each node takes a scratch lane of [`CHUNK`](crate::kernels::elementwise::CHUNK) elements
+/// per thread, so a chain of elementwise ops as long as the program is cut into groups of
+/// at most this many (each group's root is materialised and read by the next; the same
+/// values to the bit).
+const MAX_GROUP_NODES: usize = 1024;
+
 /// Builds one fused group rooted at `root`.
 struct GroupBuilder<'a> {
     p: &'a Program,
@@ -396,118 +404,158 @@ impl GroupBuilder<'_> {
     }
 
     /// The node computing value `v`; `inline` says whether `v` is computed inside the group.
+    /// Operands come before their users, left to right (a post-order walk), each value
+    /// once; the walk keeps its own stack, as a group's chain may be as long as the program.
     fn node(&mut self, v: usize, inline: bool) -> usize {
+        /// A value being built: the operand values it reads as nodes, and their nodes.
+        struct Frame {
+            v: usize,
+            inline: bool,
+            parts: Vec<usize>,
+            done: Vec<usize>,
+        }
         if let Some(&n) = self.memo.get(&v) {
             return n;
         }
+        let frame = |this: &Self, v: usize, inline: bool| Frame {
+            v,
+            inline,
+            parts: this.parts(v, inline),
+            done: Vec::new(),
+        };
+        let mut stack = vec![frame(self, v, inline)];
+        while let Some(top) = stack.last_mut() {
+            if let Some(&o) = top.parts.get(top.done.len()) {
+                match self.memo.get(&o) {
+                    Some(&n) => top.done.push(n),
+                    None => {
+                        let inl = self.absorbed[o] || generator(&self.p.instrs[o].op);
+                        stack.push(frame(self, o, inl));
+                    }
+                }
+                continue;
+            }
+            let Frame {
+                v, inline, done, ..
+            } = stack.pop().expect("the loop saw a frame");
+            let n = self.finish(v, inline, &done);
+            self.memo.insert(v, n);
+            match stack.last_mut() {
+                Some(parent) => parent.done.push(n),
+                None => return n,
+            }
+        }
+        unreachable!("the walk returns when it finishes its first frame")
+    }
+
+    /// The operand values whose nodes [`GroupBuilder::finish`] needs for `v`, in order.
+    fn parts(&self, v: usize, inline: bool) -> Vec<usize> {
+        if !inline || self.relu_in.contains_key(&v) {
+            return vec![];
+        }
         let ins = &self.p.instrs[v];
+        let ops = |k: usize| ins.operands[k].index();
+        match &ins.op {
+            Op::Unary(_) | Op::Convert | Op::StopGradient | Op::Copy | Op::Reshape => vec![ops(0)],
+            // `x * 1` is `x` exactly (the autodiff seeds gradients with ones).
+            Op::Binary(BinaryOp::Mul) if self.p.splat_value(ins.operands[1]) == Some(1.0) => {
+                vec![ops(0)]
+            }
+            Op::Binary(BinaryOp::Mul) if self.p.splat_value(ins.operands[0]) == Some(1.0) => {
+                vec![ops(1)]
+            }
+            Op::Binary(_) | Op::Compare(_) => vec![ops(0), ops(1)],
+            Op::Select => vec![ops(0), ops(1), ops(2)],
+            _ => vec![],
+        }
+    }
+
+    /// The node of `v` given the nodes `kids` of its [`GroupBuilder::parts`].
+    fn finish(&mut self, v: usize, inline: bool, kids: &[usize]) -> usize {
+        let p = self.p;
+        let ins = &p.instrs[v];
         let dt = ins.ty.dtype;
-        let n = if let (true, Some(&a)) = (inline, self.relu_in.get(&v)) {
+        if let (true, Some(&a)) = (inline, self.relu_in.get(&v)) {
             // The coded ReLU `max(a, 0)`, `-0` where `a < 0` (see `relu_codes`).
             let k = self.input(a);
             let a = self.push(Node::Input(k), DType::F32);
-            self.push(Node::ReluCode(a), DType::F32)
-        } else if let (false, Some(&h)) = (inline, self.relu_of.get(&v)) {
+            return self.push(Node::ReluCode(a), DType::F32);
+        }
+        if let (false, Some(&h)) = (inline, self.relu_of.get(&v)) {
             // The pre-activation as its compares with zero see it, from its coded ReLU.
             let k = self.input(h);
             let h = self.push(Node::Input(k), DType::F32);
-            self.push(Node::ReluDecode(h), DType::F32)
-        } else if !inline {
+            return self.push(Node::ReluDecode(h), DType::F32);
+        }
+        if !inline {
             let k = self.input(v);
-            self.push(Node::Input(k), dt)
-        } else {
-            let ops: Vec<usize> = ins.operands.iter().map(|o| o.index()).collect();
-            let sub = |this: &mut Self, o: usize| {
-                let op = &this.p.instrs[o].op;
-                let inl = this.absorbed[o] || generator(op);
-                this.node(o, inl)
-            };
-            match &ins.op {
-                Op::Unary(u) => {
-                    let a = sub(self, ops[0]);
-                    self.push(Node::Unary(*u, a), dt)
-                }
-                // `x * 1` is `x` exactly (the autodiff seeds gradients with ones).
-                Op::Binary(BinaryOp::Mul) if self.p.splat_value(ins.operands[1]) == Some(1.0) => {
-                    sub(self, ops[0])
-                }
-                Op::Binary(BinaryOp::Mul) if self.p.splat_value(ins.operands[0]) == Some(1.0) => {
-                    sub(self, ops[1])
-                }
-                Op::Binary(b) => {
-                    let (a, c) = (sub(self, ops[0]), sub(self, ops[1]));
-                    self.push(Node::Binary(*b, a, c), dt)
-                }
-                Op::Compare(c) => {
-                    let (a, b) = (sub(self, ops[0]), sub(self, ops[1]));
-                    self.push(Node::Compare(*c, a, b), dt)
-                }
-                Op::Select => {
-                    let a = sub(self, ops[0]);
-                    let b = sub(self, ops[1]);
-                    let c = sub(self, ops[2]);
-                    self.push(Node::Select(a, b, c), dt)
-                }
-                Op::Convert => {
-                    let a = sub(self, ops[0]);
-                    self.push(Node::Convert(a), dt)
-                }
-                Op::StopGradient | Op::Copy | Op::Reshape => sub(self, ops[0]),
-                Op::Constant {
-                    value: Literal::Splat(x),
-                } => self.push(Node::Splat(*x), dt),
-                Op::Iota { dim } => {
-                    let st = strides(&ins.ty.shape);
-                    self.push(
-                        Node::Iota {
-                            stride: st[*dim],
-                            size: ins.ty.shape[*dim],
-                        },
-                        dt,
-                    )
-                }
-                Op::Broadcast { dims } => {
-                    let src = ops[0];
-                    let ist = strides(&self.p.instrs[src].ty.shape);
-                    let mut st = vec![0usize; ins.ty.rank()];
-                    for (k, &d) in dims.iter().enumerate() {
-                        st[d] = ist[k];
-                    }
-                    let (shape, st) = collapse_broadcast(&ins.ty.shape, &st);
-                    let input = self.input(src);
-                    self.broadcast_inputs.push(input);
-                    self.push(Node::Broadcast { input, shape, st }, dt)
-                }
-                Op::Parameter { .. }
-                | Op::Constant { .. }
-                | Op::Transpose { .. }
-                | Op::Slice { .. }
-                | Op::DynamicSlice { .. }
-                | Op::DynamicUpdateSlice
-                | Op::Pad { .. }
-                | Op::Concatenate { .. }
-                | Op::Reduce { .. }
-                | Op::DotGeneral(_)
-                | Op::Conv { .. }
-                | Op::Reverse { .. }
-                | Op::Cumsum { .. }
-                | Op::Argmax { .. }
-                | Op::Gather { .. }
-                | Op::ScatterAdd { .. }
-                | Op::Rng { .. }
-                | Op::PartitionId
-                | Op::AllReduce { .. }
-                | Op::AllGather { .. }
-                | Op::ReduceScatter { .. }
-                | Op::AllToAll { .. }
-                | Op::CollectivePermute { .. } => {
-                    let k = self.input(v);
-                    self.push(Node::Input(k), dt)
-                }
+            return self.push(Node::Input(k), dt);
+        }
+        match &ins.op {
+            Op::Unary(u) => self.push(Node::Unary(*u, kids[0]), dt),
+            Op::Binary(BinaryOp::Mul)
+                if p.splat_value(ins.operands[1]) == Some(1.0)
+                    || p.splat_value(ins.operands[0]) == Some(1.0) =>
+            {
+                kids[0]
             }
-        };
-        self.memo.insert(v, n);
-        n
+            Op::Binary(b) => self.push(Node::Binary(*b, kids[0], kids[1]), dt),
+            Op::Compare(c) => self.push(Node::Compare(*c, kids[0], kids[1]), dt),
+            Op::Select => self.push(Node::Select(kids[0], kids[1], kids[2]), dt),
+            Op::Convert => self.push(Node::Convert(kids[0]), dt),
+            Op::StopGradient | Op::Copy | Op::Reshape => kids[0],
+            Op::Constant {
+                value: Literal::Splat(x),
+            } => self.push(Node::Splat(*x), dt),
+            Op::Iota { dim } => {
+                let st = strides(&ins.ty.shape);
+                self.push(
+                    Node::Iota {
+                        stride: st[*dim],
+                        size: ins.ty.shape[*dim],
+                    },
+                    dt,
+                )
+            }
+            Op::Broadcast { dims } => {
+                let src = ins.operands[0].index();
+                let ist = strides(&p.instrs[src].ty.shape);
+                let mut st = vec![0usize; ins.ty.rank()];
+                for (k, &d) in dims.iter().enumerate() {
+                    st[d] = ist[k];
+                }
+                let (shape, st) = collapse_broadcast(&ins.ty.shape, &st);
+                let input = self.input(src);
+                self.broadcast_inputs.push(input);
+                self.push(Node::Broadcast { input, shape, st }, dt)
+            }
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Pad { .. }
+            | Op::Concatenate { .. }
+            | Op::Reduce { .. }
+            | Op::DotGeneral(_)
+            | Op::Conv { .. }
+            | Op::Reverse { .. }
+            | Op::Cumsum { .. }
+            | Op::Argmax { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::Rng { .. }
+            | Op::PartitionId
+            | Op::AllReduce { .. }
+            | Op::AllGather { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllToAll { .. }
+            | Op::CollectivePermute { .. } => {
+                let k = self.input(v);
+                self.push(Node::Input(k), dt)
+            }
+        }
     }
 }
 
@@ -1147,8 +1195,30 @@ impl Executable {
         let relu_in: HashMap<usize, usize> = relu_of.iter().map(|(&a, &h)| (h, a)).collect();
         let numel = |i: usize| p.instrs[i].ty.num_elements();
         let mut absorbed = vec![false; n];
+        // `size[i]`: at most how many nodes the group of `i`'s absorbed operands and `i`
+        // has, kept under MAX_GROUP_NODES by materialising the largest absorbed operands.
+        let mut size = vec![1usize; n];
         for i in 0..n {
             let op = &p.instrs[i].op;
+            if fusible(op) && !reference_kernels {
+                let mut parts: Vec<usize> =
+                    p.instrs[i].operands.iter().map(|o| o.index()).collect();
+                parts.sort_unstable();
+                parts.dedup();
+                parts.retain(|&o| absorbed[o]);
+                let operands = p.instrs[i].operands.len();
+                let mut total = 1 + operands + parts.iter().map(|&o| size[o]).sum::<usize>();
+                while total > MAX_GROUP_NODES {
+                    let Some(k) = (0..parts.len()).max_by_key(|&k| (size[parts[k]], parts[k]))
+                    else {
+                        break;
+                    };
+                    let o = parts.swap_remove(k);
+                    absorbed[o] = false;
+                    total -= size[o];
+                }
+                size[i] = total;
+            }
             if fusible(op) && !reference_kernels && !is_output[i] && consumers[i].len() == 1 {
                 let c = consumers[i][0];
                 absorbed[i] = fusible(&p.instrs[c].op) && numel(c) == numel(i);
@@ -1807,9 +1877,12 @@ impl Executable {
                     let sends = if shared { &self.sends[k][..] } else { &[] };
                     let mut sinks = Vec::with_capacity(sends.len());
                     for &si in sends {
-                        let ty = &self.program.instrs[self.steps[si].instr].ty;
+                        let v = self.steps[si].instr;
                         let n = self.mesh_of(si)?.0.num_devices();
-                        let mut bufs: Vec<Data> = devs.iter_mut().map(|d| d.alloc(ty)).collect();
+                        let mut bufs: Vec<Data> = devs
+                            .iter_mut()
+                            .map(|d| d.alloc(self, v))
+                            .collect::<Result<_, _>>()?;
                         let ptrs = Sinks::new(n, positions, &mut bufs);
                         placed.insert(si, bufs);
                         sinks.push((si, ptrs));
@@ -1949,7 +2022,7 @@ impl Executable {
         let c = self.class[v];
         let dies = self.last_read[c] == si && self.members[c].len() == 1;
         let mut moved = vec![0usize; devs.len()];
-        let take = |(d, moved): (&mut Dev, &mut usize)| {
+        let take = |(d, moved): (&mut Dev, &mut usize)| -> Result<HostTensor, ExecError> {
             let data = match d.vals[v].take() {
                 Some(Buf::Own(a)) if dies => match Arc::try_unwrap(a) {
                     Ok(data) => {
@@ -1957,32 +2030,35 @@ impl Executable {
                         data
                     }
                     Err(a) => {
-                        let data = d.copy_of(&a);
+                        let data = d.copy_of(self, v, &a);
                         d.vals[v] = Some(Buf::Own(a));
-                        data
+                        data?
                     }
                 },
                 Some(b) => {
-                    let data = d.copy_of(b.data());
+                    let data = d.copy_of(self, v, b.data());
                     d.vals[v] = Some(b);
-                    data
+                    data?
                 }
                 None => unreachable!("operands are live"),
             };
-            HostTensor {
+            Ok(HostTensor {
                 ty: operand_ty.clone(),
                 data,
-            }
+            })
         };
         // Small operands (a loss, a norm) are gathered on this thread: handing a few bytes
         // to the pool costs more than copying them.
         let local: Vec<HostTensor> = if operand_ty.num_elements() < SMALL_COLLECTIVE {
-            devs.iter_mut().zip(moved.iter_mut()).map(take).collect()
+            devs.iter_mut()
+                .zip(moved.iter_mut())
+                .map(take)
+                .collect::<Result<_, _>>()?
         } else {
             devs.par_iter_mut()
                 .zip(moved.par_iter_mut())
                 .map(take)
-                .collect()
+                .collect::<Result<_, _>>()?
         };
         let out = if self.reference_kernels {
             crate::reference::collective_on_hosts(&ins.op, mesh, &local).ok_or_else(|| {
@@ -2205,9 +2281,12 @@ impl Dev<'_> {
         self.pool.give(d, cap);
     }
 
-    /// A copy of `x` in a pooled buffer (a fresh one costs a page fault per 4 KiB).
-    fn copy_of(&mut self, x: &Data) -> Data {
-        let mut d = self.pool.take(x.dtype(), x.len());
+    /// A copy of `x` (value `v`) in a pooled buffer (a fresh one costs a page fault per 4 KiB).
+    fn copy_of(&mut self, exe: &Executable, v: usize, x: &Data) -> Result<Data, ExecError> {
+        let mut d = self
+            .pool
+            .take(x.dtype(), x.len())
+            .map_err(|e| self.out_of_memory(exe, v, e))?;
         match (&mut d, x) {
             (Data::F32(o), Data::F32(i)) => o.copy_from_slice(i),
             (Data::F64(o), Data::F64(i)) => o.copy_from_slice(i),
@@ -2216,13 +2295,24 @@ impl Dev<'_> {
             (Data::Bool(o), Data::Bool(i)) => o.copy_from_slice(i),
             _ => unreachable!("the pool returns the requested dtype"),
         }
-        d
+        Ok(d)
     }
 
-    fn alloc(&mut self, ty: &Type) -> Data {
-        let d = self.pool.take(ty.dtype, ty.num_elements());
+    /// A buffer for value `v` (from the pool, else fresh), or the error naming `v` when
+    /// the machine cannot hold it.
+    fn alloc(&mut self, exe: &Executable, v: usize) -> Result<Data, ExecError> {
+        let ty = &exe.program.instrs[v].ty;
+        let d = self
+            .pool
+            .take(ty.dtype, ty.num_elements())
+            .map_err(|e| self.out_of_memory(exe, v, e))?;
         self.add_live(bytes(&d));
-        d
+        Ok(d)
+    }
+
+    fn out_of_memory(&self, exe: &Executable, v: usize, e: AllocError) -> ExecError {
+        let ty = &exe.program.instrs[v].ty;
+        RuntimeError::out_of_memory(e, v, ty, Some(self.pos)).into()
     }
 
     /// Return a buffer from [`Dev::alloc`] that no value holds (a step's scratch).
@@ -2407,7 +2497,7 @@ impl Dev<'_> {
                         detail = "in place".into();
                         Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone())
                     }
-                    None => self.alloc(&ins.ty),
+                    None => self.alloc(exe, s.instr)?,
                 };
                 {
                     let empty = Data::Bool(Vec::new());
@@ -2427,13 +2517,13 @@ impl Dev<'_> {
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }
             Kind::Dot(plan) => {
-                let mut out = self.alloc(&ins.ty);
+                let mut out = self.alloc(exe, s.instr)?;
                 let tail = self.tail(exe, si);
                 (flops, detail) = self.run_dot(exe, plan, s.reads[0], s.reads[1], &mut out, &tail);
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }
             Kind::MaskedDot { plan, masks } => {
-                let mut out = self.alloc(&ins.ty);
+                let mut out = self.alloc(exe, s.instr)?;
                 let (l, r) = (s.reads[0], s.reads[1]);
                 let computed = match (self.data(l), self.data(r), &mut out) {
                     (Data::F32(lv), Data::F32(rv), Data::F32(o)) => {
@@ -2461,8 +2551,8 @@ impl Dev<'_> {
                 let (l, r) = (s.reads[0], s.reads[1]);
                 let mut outs: Vec<Data> = terms
                     .iter()
-                    .map(|&(_, u)| self.alloc(&exe.program.instrs[u].ty))
-                    .collect();
+                    .map(|&(_, u)| self.alloc(exe, u))
+                    .collect::<Result<_, _>>()?;
                 fn f32s(d: &Data) -> Option<&[f32]> {
                     match d {
                         Data::F32(x) => Some(x.as_slice()),
@@ -2505,7 +2595,7 @@ impl Dev<'_> {
                     }
                     None => {
                         drop(sums);
-                        let mut prod = self.alloc(&exe.program.instrs[*dot].ty);
+                        let mut prod = self.alloc(exe, *dot)?;
                         (flops, detail) = self.run_dot(exe, plan, l, r, &mut prod, &NO_TAIL);
                         detail.push_str(" (masks dense), summed");
                         let Data::F32(pv) = &prod else {
@@ -2543,12 +2633,11 @@ impl Dev<'_> {
                 slot,
                 keep,
             } => {
-                let dot_ty = &exe.program.instrs[*dot].ty;
                 let (l, r) = (s.reads[0], s.reads[1]);
                 let tail = self.tail(exe, si);
-                let mut d = self.alloc(dot_ty);
+                let mut d = self.alloc(exe, *dot)?;
                 let mut o = if *keep {
-                    Some(self.alloc(&ins.ty))
+                    Some(self.alloc(exe, s.instr)?)
                 } else {
                     None
                 };
@@ -2623,11 +2712,22 @@ impl Dev<'_> {
                         })
                         .collect();
                     let refs: Vec<&HostTensor> = args.iter().collect();
-                    let t = crate::reference::eval_local(s.instr, ins, &refs)?;
+                    let t =
+                        crate::reference::eval_local(s.instr, ins, &refs).map_err(|e| match e {
+                            RuntimeError::OutOfMemory { bytes, what, .. } => {
+                                let device = Some(self.pos);
+                                RuntimeError::OutOfMemory {
+                                    bytes,
+                                    what,
+                                    device,
+                                }
+                            }
+                            e => e,
+                        })?;
                     self.add_live(bytes(&t.data));
                     t.data
                 } else {
-                    let mut out = self.alloc(&ins.ty);
+                    let mut out = self.alloc(exe, s.instr)?;
                     let args: Vec<&Data> = s.reads.iter().map(|&v| self.data(v)).collect();
                     kernel(&exe.program, ins, &args, &mut out);
                     out
@@ -2635,7 +2735,7 @@ impl Dev<'_> {
                 self.vals[s.instr] = Some(Buf::Own(Arc::new(out)));
             }
             Kind::SumProduct => {
-                let mut out = self.alloc(&ins.ty);
+                let mut out = self.alloc(exe, s.instr)?;
                 match (self.data(s.reads[0]), self.data(s.reads[1]), &mut out) {
                     (Data::F32(a), Data::F32(b), Data::F32(o)) => {
                         masked_row_sums(a.len(), a, b, &mut o[..1])

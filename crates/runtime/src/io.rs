@@ -5,11 +5,13 @@
 //! when that is lossless: `I8`, `U8`, `I16`, `U16` -> i32 always; `I64`, `U32`, `U64` -> i32
 //! when every value fits (else [`IoError::OutOfRange`] names the first value that does not);
 //! `F16` -> f32 always. The rest (fp8, fp4/fp6, complex) are [`IoError::UnsupportedDType`].
-//! A corrupt or truncated buffer is an error naming what is wrong, never a panic. Tensors come
+//! A corrupt or truncated buffer is an error naming what is wrong, never a panic; so is a
+//! tensor or buffer the machine cannot hold ([`IoError::OutOfMemory`]). Tensors come
 //! back in file (data-offset) order. safetensors data is not aligned, so elements are decoded
 //! one by one with `from_le_bytes`. Written headers list every object's keys in sorted
 //! order, so the same tensors and metadata always give the same bytes.
 
+use crate::alloc::{check_room, human_bytes, try_collect, AllocError};
 use crate::tensor::{Data, HostTensor};
 use half::{bf16, f16};
 use ir::Type;
@@ -55,6 +57,20 @@ pub enum IoError {
     },
     #[error("tensor name `{0}` is given twice; every tensor needs a distinct name")]
     DuplicateName(String),
+    #[error("cannot allocate {} for {what}: out of memory; use smaller tensors", human_bytes(*.bytes))]
+    OutOfMemory {
+        /// What needed it: "tensor `w`", "the safetensors buffer".
+        what: String,
+        bytes: usize,
+    },
+}
+
+/// [`IoError::OutOfMemory`] for tensor `name`.
+fn out_of_memory(name: &str) -> impl FnOnce(AllocError) -> IoError + '_ {
+    move |e| IoError::OutOfMemory {
+        what: format!("tensor `{name}`"),
+        bytes: e.bytes,
+    }
 }
 
 /// The tensors of a safetensors buffer (in file order) and its `__metadata__`, if any.
@@ -94,7 +110,16 @@ pub fn write_safetensors(
     }
     let views = tensors
         .iter()
-        .map(|(n, t)| (n.as_str(), TensorBytes::new(t)));
+        .map(|(n, t)| Ok((n.as_str(), TensorBytes::new(n, t)?)))
+        .collect::<Result<Vec<_>, IoError>>()?;
+    // `serialize` builds the buffer with allocations that cannot fail: check the room first
+    // (the header is small next to the data).
+    let data: usize = views.iter().map(|(_, v)| v.bytes.len()).sum();
+    let total = data.saturating_add(1 << 20);
+    check_room(total).map_err(|e| IoError::OutOfMemory {
+        what: "the safetensors buffer".into(),
+        bytes: e.bytes,
+    })?;
     let mut bytes = safetensors::serialize(views, metadata)?;
     canonical_header(&mut bytes);
     Ok(bytes)
@@ -130,6 +155,11 @@ fn canonical_header(bytes: &mut [u8]) {
     }
 }
 
+/// The `n` bytes of `it` for tensor `name`, reserved once.
+fn le_bytes(name: &str, n: usize, it: impl Iterator<Item = u8>) -> Result<Vec<u8>, IoError> {
+    try_collect(n, it).map_err(out_of_memory(name))
+}
+
 /// A host tensor as little-endian bytes, for `safetensors::serialize`.
 struct TensorBytes<'a> {
     dtype: Dtype,
@@ -138,22 +168,32 @@ struct TensorBytes<'a> {
 }
 
 impl<'a> TensorBytes<'a> {
-    fn new(t: &'a HostTensor) -> TensorBytes<'a> {
+    fn new(name: &str, t: &'a HostTensor) -> Result<TensorBytes<'a>, IoError> {
+        let n = t.data.len() * t.data.dtype().size_bytes();
         let (dtype, bytes): (Dtype, Vec<u8>) = match &t.data {
-            Data::F32(v) => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-            Data::F64(v) => (Dtype::F64, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            Data::F32(v) => (
+                Dtype::F32,
+                le_bytes(name, n, v.iter().flat_map(|x| x.to_le_bytes()))?,
+            ),
+            Data::F64(v) => (
+                Dtype::F64,
+                le_bytes(name, n, v.iter().flat_map(|x| x.to_le_bytes()))?,
+            ),
             Data::BF16(v) => (
                 Dtype::BF16,
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                le_bytes(name, n, v.iter().flat_map(|x| x.to_le_bytes()))?,
             ),
-            Data::I32(v) => (Dtype::I32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-            Data::Bool(v) => (Dtype::BOOL, v.iter().map(|&x| x as u8).collect()),
+            Data::I32(v) => (
+                Dtype::I32,
+                le_bytes(name, n, v.iter().flat_map(|x| x.to_le_bytes()))?,
+            ),
+            Data::Bool(v) => (Dtype::BOOL, le_bytes(name, n, v.iter().map(|&x| x as u8))?),
         };
-        TensorBytes {
+        Ok(TensorBytes {
             dtype,
             shape: t.shape(),
             bytes,
-        }
+        })
     }
 }
 
@@ -185,9 +225,10 @@ fn elems<const N: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
 fn to_i32<T: Copy + std::fmt::Display + TryInto<i32>>(
     name: &str,
     dtype: Dtype,
+    n: usize,
     vals: impl Iterator<Item = T>,
 ) -> Result<Data, IoError> {
-    let mut out = Vec::new();
+    let mut out = try_collect(n, std::iter::empty()).map_err(out_of_memory(name))?;
     for (index, v) in vals.enumerate() {
         let x: i32 = v.try_into().map_err(|_| IoError::OutOfRange {
             name: name.to_string(),
@@ -216,18 +257,26 @@ fn decode(name: &str, info: &TensorInfo, raw: &[u8]) -> Result<HostTensor, IoErr
             got: raw.len(),
         });
     }
+    // Every buffer below holds `n` elements, reserved once (failing as an error).
+    let oom = out_of_memory(name);
     let data = match dtype {
-        Dtype::F32 => Data::F32(elems::<4>(raw).map(f32::from_le_bytes).collect()),
-        Dtype::F64 => Data::F64(elems::<8>(raw).map(f64::from_le_bytes).collect()),
-        Dtype::BF16 => Data::BF16(elems::<2>(raw).map(bf16::from_le_bytes).collect()),
+        Dtype::F32 => {
+            Data::F32(try_collect(n, elems::<4>(raw).map(f32::from_le_bytes)).map_err(oom)?)
+        }
+        Dtype::F64 => {
+            Data::F64(try_collect(n, elems::<8>(raw).map(f64::from_le_bytes)).map_err(oom)?)
+        }
+        Dtype::BF16 => {
+            Data::BF16(try_collect(n, elems::<2>(raw).map(bf16::from_le_bytes)).map_err(oom)?)
+        }
         Dtype::F16 => Data::F32(
-            elems::<2>(raw)
-                .map(|b| f16::from_le_bytes(b).to_f32())
-                .collect(),
+            try_collect(n, elems::<2>(raw).map(|b| f16::from_le_bytes(b).to_f32())).map_err(oom)?,
         ),
-        Dtype::I32 => Data::I32(elems::<4>(raw).map(i32::from_le_bytes).collect()),
+        Dtype::I32 => {
+            Data::I32(try_collect(n, elems::<4>(raw).map(i32::from_le_bytes)).map_err(oom)?)
+        }
         Dtype::BOOL => {
-            let mut out = Vec::with_capacity(n);
+            let mut out = try_collect(n, std::iter::empty()).map_err(oom)?;
             for (index, &byte) in raw.iter().enumerate() {
                 if byte > 1 {
                     return Err(IoError::BadBool {
@@ -240,21 +289,17 @@ fn decode(name: &str, info: &TensorInfo, raw: &[u8]) -> Result<HostTensor, IoErr
             }
             Data::Bool(out)
         }
-        Dtype::I8 => Data::I32(raw.iter().map(|&b| b as i8 as i32).collect()),
-        Dtype::U8 => Data::I32(raw.iter().map(|&b| b as i32).collect()),
+        Dtype::I8 => Data::I32(try_collect(n, raw.iter().map(|&b| b as i8 as i32)).map_err(oom)?),
+        Dtype::U8 => Data::I32(try_collect(n, raw.iter().map(|&b| b as i32)).map_err(oom)?),
         Dtype::I16 => Data::I32(
-            elems::<2>(raw)
-                .map(|b| i16::from_le_bytes(b) as i32)
-                .collect(),
+            try_collect(n, elems::<2>(raw).map(|b| i16::from_le_bytes(b) as i32)).map_err(oom)?,
         ),
         Dtype::U16 => Data::I32(
-            elems::<2>(raw)
-                .map(|b| u16::from_le_bytes(b) as i32)
-                .collect(),
+            try_collect(n, elems::<2>(raw).map(|b| u16::from_le_bytes(b) as i32)).map_err(oom)?,
         ),
-        Dtype::U32 => to_i32(name, dtype, elems::<4>(raw).map(u32::from_le_bytes))?,
-        Dtype::I64 => to_i32(name, dtype, elems::<8>(raw).map(i64::from_le_bytes))?,
-        Dtype::U64 => to_i32(name, dtype, elems::<8>(raw).map(u64::from_le_bytes))?,
+        Dtype::U32 => to_i32(name, dtype, n, elems::<4>(raw).map(u32::from_le_bytes))?,
+        Dtype::I64 => to_i32(name, dtype, n, elems::<8>(raw).map(i64::from_le_bytes))?,
+        Dtype::U64 => to_i32(name, dtype, n, elems::<8>(raw).map(u64::from_le_bytes))?,
         // `Dtype` is non-exhaustive: fp8/fp6/fp4, complex and any future dtype.
         _ => return Err(unsupported(name, dtype)),
     };

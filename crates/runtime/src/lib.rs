@@ -15,7 +15,10 @@
 //!   buffer reuse, and an optional [`Profiler`] writing Chrome traces ([`profile`]).
 //!
 //! - [`alloc`]: [`LineAligned`], the global allocator binaries that run the executor install
-//!   (tensor buffers on cache-line boundaries for the AVX-512 kernels).
+//!   (tensor buffers on cache-line boundaries for the AVX-512 kernels), and fallible
+//!   allocation: a tensor buffer the machine cannot hold is an error naming it
+//!   ([`RuntimeError::OutOfMemory`], [`TensorError::OutOfMemory`], [`IoError::OutOfMemory`]),
+//!   not an abort.
 //! - [`probe`]: the calling core's FMA rate, which benchmarks report next to their times (a
 //!   shared host's slow spells show there).
 //!

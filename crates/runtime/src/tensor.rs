@@ -11,6 +11,7 @@
 //!   (Rust `as i32`). So `-inf -> i32::MIN`, `+inf -> i32::MAX`.
 //! - to `bool`: `x != 0` (so NaN gives `true`); `bool` converts to 0 / 1.
 
+use crate::alloc::{human_bytes, try_collect, AllocError};
 use half::bf16;
 use ir::{DType, Type};
 use thiserror::Error;
@@ -115,6 +116,25 @@ impl Data {
         }
     }
 
+    /// Data of `dtype` holding `value(i)` for `i` in `0..n`, each converted as by
+    /// [`Data::from_f64_values`] (the same bits), built in place: no `f64` copy of the
+    /// values, and an error instead of an abort when the memory is not there.
+    pub fn try_from_f64_fn(
+        dtype: DType,
+        n: usize,
+        mut value: impl FnMut(usize) -> f64,
+    ) -> Result<Data, AllocError> {
+        let mut conv = |i: usize| convert_value(value(i), dtype);
+        Ok(match dtype {
+            DType::F32 => Data::F32(try_collect(n, (0..n).map(|i| conv(i) as f32))?),
+            DType::F64 => Data::F64(try_collect(n, (0..n).map(conv))?),
+            // Rounded once, from the value itself (as `from_f64_values`).
+            DType::BF16 => Data::BF16(try_collect(n, (0..n).map(|i| f64_to_bf16(value(i))))?),
+            DType::I32 => Data::I32(try_collect(n, (0..n).map(|i| conv(i) as i32))?),
+            DType::Bool => Data::Bool(try_collect(n, (0..n).map(|i| conv(i) != 0.0))?),
+        })
+    }
+
     /// Every element as an `f64` (exact for every dtype; bool is 0 / 1).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         self.range_f64(0, self.len())
@@ -145,6 +165,17 @@ pub enum TensorError {
         expected: usize,
         got: usize,
     },
+    #[error("cannot allocate {} for a {ty} tensor: out of memory; use smaller tensors", human_bytes(*.bytes))]
+    OutOfMemory { ty: Type, bytes: usize },
+}
+
+impl TensorError {
+    fn out_of_memory(ty: &Type) -> impl FnOnce(AllocError) -> TensorError + '_ {
+        |e| TensorError::OutOfMemory {
+            ty: ty.clone(),
+            bytes: e.bytes,
+        }
+    }
 }
 
 /// A tensor in host memory: its type and row-major data.
@@ -225,6 +256,25 @@ impl HostTensor {
         HostTensor { ty, data }
     }
 
+    /// [`HostTensor::zeros`], or an error when the memory is not there.
+    pub fn try_zeros(ty: Type) -> Result<HostTensor, TensorError> {
+        let data = crate::kernels::try_zeros(ty.dtype, ty.num_elements())
+            .map_err(TensorError::out_of_memory(&ty))?;
+        Ok(HostTensor { ty, data })
+    }
+
+    /// A tensor of type `ty` whose element `i` is `value(i)` converted as by
+    /// [`HostTensor::from_f64_values`] (the same bits), built without an `f64` copy of the
+    /// values; an error when the memory is not there.
+    pub fn try_from_f64_fn(
+        ty: Type,
+        value: impl FnMut(usize) -> f64,
+    ) -> Result<HostTensor, TensorError> {
+        let data = Data::try_from_f64_fn(ty.dtype, ty.num_elements(), value)
+            .map_err(TensorError::out_of_memory(&ty))?;
+        Ok(HostTensor { ty, data })
+    }
+
     /// A tensor of type `ty` from `f64` values, each converted to the dtype by
     /// [`convert_value`] (round to nearest even for floats; truncate and saturate for i32;
     /// `!= 0` for bool). Panics on a length mismatch; see [`HostTensor::try_from_f64_values`].
@@ -232,9 +282,11 @@ impl HostTensor {
         HostTensor::try_from_f64_values(ty, values).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// [`HostTensor::from_f64_values`] that reports a length mismatch instead of panicking.
+    /// [`HostTensor::from_f64_values`] that reports a length mismatch, or memory that is not
+    /// there, instead of panicking or aborting.
     pub fn try_from_f64_values(ty: Type, values: &[f64]) -> Result<HostTensor, TensorError> {
-        let data = Data::from_f64_values(ty.dtype, values);
+        let data = Data::try_from_f64_fn(ty.dtype, values.len(), |i| values[i])
+            .map_err(TensorError::out_of_memory(&ty))?;
         HostTensor::new(ty, data)
     }
 

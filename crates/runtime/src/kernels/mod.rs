@@ -32,6 +32,7 @@ pub mod reduce;
 pub mod sgemm;
 pub mod vmath;
 
+use crate::alloc::{try_zeroed_vec, AllocError};
 use crate::tensor::{f64_to_bf16, Data};
 use half::bf16;
 use ir::DType;
@@ -131,6 +132,18 @@ macro_rules! with_data2 {
             ),
         }
     };
+}
+
+/// A zero-filled buffer of `n` elements, or the error when it cannot be allocated (the
+/// same allocation as [`zeros`]).
+pub fn try_zeros(dtype: DType, n: usize) -> Result<Data, AllocError> {
+    Ok(match dtype {
+        DType::F32 => Data::F32(try_zeroed_vec(n)?),
+        DType::F64 => Data::F64(try_zeroed_vec(n)?),
+        DType::BF16 => Data::BF16(try_zeroed_vec(n)?),
+        DType::I32 => Data::I32(try_zeroed_vec(n)?),
+        DType::Bool => Data::Bool(try_zeroed_vec(n)?),
+    })
 }
 
 /// A zero-filled buffer of `n` elements.

@@ -19,6 +19,7 @@ mod eval;
 mod scalar;
 mod val;
 
+use crate::alloc::{check_room, human_bytes, AllocError};
 use crate::tensor::{HostTensor, TensorError};
 use ir::{Instr, Mesh, Op, Program, Type, VerifyError};
 use std::collections::HashMap;
@@ -61,10 +62,32 @@ pub enum RuntimeError {
     },
     #[error("the program does not verify: {0}")]
     Verify(#[from] VerifyError),
+    #[error("cannot allocate {} for {what}{}: out of memory; use a smaller program or more devices", human_bytes(*.bytes), on(.device))]
+    OutOfMemory {
+        bytes: usize,
+        /// The value, e.g. "`%3` (f32[1024,1024])".
+        what: String,
+        device: Option<usize>,
+    },
 }
 
 fn on_device(d: &Option<usize>) -> String {
     d.map_or(String::new(), |d| format!(" of device {d}"))
+}
+
+fn on(d: &Option<usize>) -> String {
+    d.map_or(String::new(), |d| format!(" on device {d}"))
+}
+
+impl RuntimeError {
+    /// [`RuntimeError::OutOfMemory`] for value `%index` of type `ty`.
+    pub fn out_of_memory(e: AllocError, index: usize, ty: &Type, device: Option<usize>) -> Self {
+        RuntimeError::OutOfMemory {
+            bytes: e.bytes,
+            what: format!("`%{index}` ({ty})"),
+            device,
+        }
+    }
 }
 
 /// Run `p` on one device (partition id 0). Parameters are looked up by name (extra inputs
@@ -157,6 +180,9 @@ impl Ctx<'_> {
     }
 }
 
+/// Results of at least this many bytes are checked for room before they are computed.
+const ROOM_CHECKED: usize = 1 << 20;
+
 /// Index of the last instruction that reads each value (`usize::MAX` for outputs; the value
 /// itself if nothing reads it).
 fn last_uses(p: &Program) -> Vec<usize> {
@@ -207,6 +233,13 @@ fn execute(
                     .collect()
             })
             .collect();
+        // The result is one f64 per element on every device: check that it fits before
+        // the op's rule builds it (an allocation it could not make would abort).
+        let bytes = ins.ty.num_elements().saturating_mul(8);
+        if bytes >= ROOM_CHECKED {
+            check_room(bytes)
+                .map_err(|e| RuntimeError::out_of_memory(e, i, &ins.ty, spmd.then_some(0)))?;
+        }
         let out = eval::eval(i, ins, &args, &cx)?;
         vals[i] = Some(out);
         for o in ins.operands.iter().map(|o| o.index()).chain([i]) {
@@ -235,6 +268,10 @@ pub(crate) fn eval_local(
     ins: &Instr,
     args: &[&HostTensor],
 ) -> Result<HostTensor, RuntimeError> {
+    let bytes = ins.ty.num_elements().saturating_mul(8);
+    if bytes >= ROOM_CHECKED {
+        check_room(bytes).map_err(|e| RuntimeError::out_of_memory(e, index, &ins.ty, None))?;
+    }
     let vals: Vec<Val> = args.iter().map(|t| Val::from_host(t)).collect();
     let refs: Vec<&Val> = vals.iter().collect();
     let cx = Ctx {
