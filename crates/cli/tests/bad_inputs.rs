@@ -355,3 +355,70 @@ fn init_and_run_of_a_program_too_big_for_this_host_are_refused() {
     let out = gshard(&["run", "huge.gsir", "--devices", "8"], &d.0);
     assert_fails(&out, &["needs about", "8 device(s)"]);
 }
+
+#[test]
+fn more_devices_than_one_process_can_run_is_refused() {
+    let d = TempDir::new("many-devices");
+    std::fs::write(
+        d.path("p.gsir"),
+        "%x = f32[16] parameter(\"x\")\n%y = f32[16] add(%x, %x)\n",
+    )
+    .unwrap();
+    let out = gshard(&["init", "p.gsir", "--out", "in.safetensors"], &d.0);
+    assert!(out.status.success());
+    let out = gshard(
+        &[
+            "run",
+            "p.gsir",
+            "--inputs",
+            "in.safetensors",
+            "--devices",
+            "10000000",
+        ],
+        &d.0,
+    );
+    assert_fails(&out, &["10000000 devices", "at most 4096", "MPI"]);
+    let d = tiny_setup("many-devices-train", "");
+    let out = gshard(
+        &[
+            "train",
+            "--config",
+            "run.toml",
+            "--data",
+            "data",
+            "--out",
+            "run",
+            "--mesh",
+            "data=1,expert=8192",
+        ],
+        &d.0,
+    );
+    assert_fails(&out, &["8192 devices", "at most 4096"]);
+}
+
+#[test]
+fn a_sixty_thousand_op_chain_runs() {
+    let d = TempDir::new("deep-chain");
+    let mut src = String::from("%0 = f32[4] parameter(\"x\")\n");
+    for i in 1..=60_000 {
+        let op = if i % 2 == 0 { "neg" } else { "abs" };
+        src.push_str(&format!("%{i} = f32[4] {op}(%{})\n", i - 1));
+    }
+    std::fs::write(d.path("deep.gsir"), src).unwrap();
+    let out = gshard(&["init", "deep.gsir", "--out", "in.safetensors"], &d.0);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for extra in [&[][..], &["--reference"], &["--devices", "2"]] {
+        let mut args = vec!["run", "deep.gsir", "--inputs", "in.safetensors"];
+        args.extend_from_slice(extra);
+        let out = gshard(&args, &d.0);
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -6,6 +6,21 @@
 use ir::{Program, Type};
 use thiserror::Error;
 
+/// Most devices one process runs as tasks (more is not a mesh this host can step through in
+/// useful time: run them as MPI ranks across machines).
+pub const MAX_IN_PROCESS_DEVICES: usize = 4096;
+
+/// Refuse `devices` in-process devices beyond [`MAX_IN_PROCESS_DEVICES`], naming `flag`.
+pub fn check_in_process_devices(devices: usize, flag: &str) -> Result<(), String> {
+    if devices > MAX_IN_PROCESS_DEVICES {
+        Err(format!(
+            "{flag} asks for {devices} devices in this process; one process runs at most {MAX_IN_PROCESS_DEVICES} (as tasks on its cores): use fewer, or one device per MPI rank across machines (`mpirun -np N ... --backend mpi`)"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// A program or run that does not fit.
 #[derive(Debug, Error)]
 #[error("{what} needs about {} ({breakdown}) but {}; its biggest tensors: {biggest}; use a smaller model or batch, more devices, or --max-memory to set the limit", human(*need), limit.describe())]

@@ -140,6 +140,8 @@ fn run(a: Args, mpi: Mpi) -> Result<()> {
         let part =
             spmd::compile(&p).with_context(|| format!("partitioning {}", a.program.display()))?;
         let mesh = part.program.mesh.as_ref().expect("partitioned");
+        train::memory::check_in_process_devices(mesh.num_devices(), "the mesh")
+            .map_err(anyhow::Error::msg)?;
         files::check_memory(
             &what,
             &part.program,

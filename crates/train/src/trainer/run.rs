@@ -341,7 +341,14 @@ pub fn run(
     cfg.validate()?;
     let comm: Arc<dyn Communicator> = match &opts.comm {
         Some(c) => c.clone(),
-        None => Arc::new(InProcess::new(cfg.devices())),
+        None => {
+            crate::memory::check_in_process_devices(
+                cfg.devices(),
+                &format!("mesh data={} x expert={}", cfg.mesh.data, cfg.mesh.expert),
+            )
+            .map_err(|m| TrainError::Config(crate::config::ConfigError::Invalid(m)))?;
+            Arc::new(InProcess::new(cfg.devices()))
+        }
     };
     let root = comm.process_index() == 0;
     let rd = RunDir::new(opts.out.clone());
