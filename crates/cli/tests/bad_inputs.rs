@@ -378,18 +378,19 @@ fn more_devices_than_one_process_can_run_is_refused() {
         &d.0,
     );
     assert_fails(&out, &["10000000 devices", "at most 4096", "MPI"]);
+    // A valid config for 8192 devices (a batch row and a group per device).
     let d = tiny_setup("many-devices-train", "");
+    std::fs::write(
+        d.path("run.toml"),
+        merge(
+            TINY,
+            "data.batch_size = 8192\nmodel.group_size = 8\nmesh.data = 8192\nmesh.expert = 1",
+        ),
+    )
+    .unwrap();
     let out = gshard(
         &[
-            "train",
-            "--config",
-            "run.toml",
-            "--data",
-            "data",
-            "--out",
-            "run",
-            "--mesh",
-            "data=1,expert=8192",
+            "train", "--config", "run.toml", "--data", "data", "--out", "run",
         ],
         &d.0,
     );

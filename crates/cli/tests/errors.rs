@@ -124,8 +124,20 @@ fn fmt_check_and_missing_file() {
     .unwrap();
     let out = gshard(&["fmt", "--check", "p.gsir"], &d.0);
     assert_error(&out, &["canonical"]);
+    // `--write` would drop the comment: refused, the file unchanged.
     let out = gshard(&["fmt", "--write", "p.gsir"], &d.0);
-    assert!(out.status.success());
+    assert_error(&out, &["comments"]);
+    std::fs::write(
+        d.0.join("p.gsir"),
+        "%0 = f32[2] parameter(\"x\")\noutput   \"x\" = %0\n",
+    )
+    .unwrap();
+    let out = gshard(&["fmt", "--write", "p.gsir"], &d.0);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = gshard(&["fmt", "--check", "p.gsir"], &d.0);
     assert!(
         out.status.success(),

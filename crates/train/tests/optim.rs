@@ -913,12 +913,13 @@ fn configs_deserialize_with_defaults_and_reject_unknown_fields() {
         panic!("{o:?}")
     };
     assert_eq!(c.beta1, 0.9);
+    // An omitted `linear_warmup` is the main job's choice: no linear warm-up factor.
     assert_eq!(
         c.lr,
         LrSchedule::Rsqrt {
             base: 1.0,
             warmup_steps: 10_000,
-            linear_warmup: true
+            linear_warmup: false
         }
     );
     let o: Optimizer =
