@@ -155,7 +155,6 @@ fn a_chain_of_a_million_ops_runs_on_one_device() {
 
 /// About 30 s in the test profile (propagation and partitioning of a million values).
 #[test]
-#[ignore = "about 30 s; run with --ignored"]
 fn a_chain_of_a_million_ops_runs_partitioned_on_two_devices() {
     small_stacks(|| two_devices(1_000_000));
 }
