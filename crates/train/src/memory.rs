@@ -57,18 +57,7 @@ impl Limit {
 
 /// Bytes as a short human string (`1.5 GiB`).
 pub fn human(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", units[u])
-    }
+    runtime::alloc::human_bytes(usize::try_from(bytes).unwrap_or(usize::MAX))
 }
 
 /// The memory this host has available now (`MemAvailable` of `/proc/meminfo`), if known.

@@ -10,7 +10,6 @@ use crate::checkpoint;
 use crate::config::TrainConfig;
 use crate::data::Pair;
 use crate::tokenizer::Tokenizer;
-use ir::Type;
 use std::path::Path;
 
 /// A finished (or checkpointed) run, loaded for evaluation and translation.
@@ -29,13 +28,7 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, TrainError> {
     let cfg = TrainConfig::from_toml(&ck.config, &rd.checkpoint().display().to_string())?;
     let tok = Tokenizer::load(rd.tokenizer())?;
     let programs = build_programs(&cfg, tok.vocab_size())?;
-    let expected: Vec<(String, Type)> = programs
-        .params
-        .iter()
-        .chain(programs.state.iter())
-        .map(|s| (s.name.clone(), s.ty.clone()))
-        .collect();
-    ck.check(&rd.checkpoint(), &expected)?;
+    ck.check(&rd.checkpoint(), &programs.state_types())?;
     let trainer = Trainer::new(&cfg, programs, Some(ck.tensors), ck.step)?;
     Ok(LoadedRun { cfg, tok, trainer })
 }

@@ -91,6 +91,17 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
     })
 }
 
+impl Programs {
+    /// Every parameter and optimizer-state tensor a checkpoint holds, with its type.
+    pub fn state_types(&self) -> Vec<(String, ir::Type)> {
+        self.params
+            .iter()
+            .chain(self.state.iter())
+            .map(|s| (s.name.clone(), s.ty.clone()))
+            .collect()
+    }
+}
+
 /// The step's output that says whether its update was applied (bool scalar).
 pub const APPLIED: &str = "applied";
 /// The step's output with the global gradient norm `sqrt(sum of g^2)` (f32 scalar).

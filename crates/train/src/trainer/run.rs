@@ -13,7 +13,6 @@ use crate::config::TrainConfig;
 use crate::data::Corpus;
 use crate::metrics::MetricsLog;
 use crate::tokenizer::Tokenizer;
-use ir::Type;
 use runtime::{Communicator, HostTensor, InProcess};
 use serde_json::json;
 use std::collections::HashMap;
@@ -433,13 +432,7 @@ pub fn run(
     let (global, first) = if resume {
         let bytes = share(comm.as_ref(), || {
             let ck = checkpoint::load(&rd.checkpoint())?;
-            let expected: Vec<(String, Type)> = programs
-                .params
-                .iter()
-                .chain(programs.state.iter())
-                .map(|s| (s.name.clone(), s.ty.clone()))
-                .collect();
-            ck.check(&rd.checkpoint(), &expected)?;
+            ck.check(&rd.checkpoint(), &programs.state_types())?;
             checkpoint_bytes(ck.step, &ck.tensors)
         })?;
         let (step, tensors) = checkpoint_from_bytes(&bytes)?;
