@@ -410,6 +410,43 @@ pub fn f64_to_bf16(x: f64) -> bf16 {
 mod tests {
     use super::*;
 
+    /// Built in place, a tensor has the bits `from_f64_values` gives the same values (NaN,
+    /// infinities, ties, out-of-range integers included), for every dtype.
+    #[test]
+    fn try_from_f64_fn_gives_the_bits_of_from_f64_values() {
+        let mut values = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -2.5,
+            f64::NAN,
+            -f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1e300,
+            -1e-300,
+            3e9,
+            -3e9,
+            0.1,
+            1.0 + f64::EPSILON,
+            1.0 + 2f64.powi(-8),
+            1.0 + 3.0 * 2f64.powi(-9),
+            f32::MAX as f64 * 2.0,
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..1000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.push(f64::from_bits(x));
+        }
+        for dt in [DType::F32, DType::F64, DType::BF16, DType::I32, DType::Bool] {
+            let built = Data::try_from_f64_fn(dt, values.len(), |i| values[i]).unwrap();
+            let want = Data::from_f64_values(dt, &values);
+            assert_eq!(built.to_bytes(), want.to_bytes(), "{dt:?}");
+        }
+    }
+
     #[test]
     fn bf16_rounding_is_correct_near_ties() {
         // 1 + 2^-8 is exactly halfway between 1 and 1 + 2^-7: ties to even -> 1.

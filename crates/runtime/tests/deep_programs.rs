@@ -25,7 +25,8 @@ fn small_stacks<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 /// `x` (f32[4], split over `x` when `mesh`), then `n` ops cycling through neg, exp, copy
 /// and `add(v, v)`, the first one a multiply by a splat one reached through `n / 4` copies
 /// (as deep a constant as `Program::splat_value` may meet). Outputs `y` (the last value)
-/// and every value whose index is a multiple of `every` (when given).
+/// and every op's value whose position in the chain is a multiple of `every` (when given).
+/// Values are named by index: the text is what the printer prints.
 fn chain(n: usize, mesh: bool, every: Option<usize>) -> String {
     let mut s = String::new();
     let at = if mesh {
@@ -34,28 +35,30 @@ fn chain(n: usize, mesh: bool, every: Option<usize>) -> String {
     } else {
         ""
     };
-    s.push_str(&format!("%x = f32[4] parameter(\"x\"){at}\n"));
-    s.push_str("%k0 = f32[4] constant(1.0)\n");
+    s.push_str(&format!("%0 = f32[4] parameter(\"x\"){at}\n"));
+    s.push_str("%1 = f32[4] constant(1.0)\n");
     let copies = n / 4;
-    for k in 1..=copies {
-        s.push_str(&format!("%k{k} = f32[4] copy(%k{})\n", k - 1));
+    for k in 2..copies + 2 {
+        s.push_str(&format!("%{k} = f32[4] copy(%{})\n", k - 1));
     }
-    s.push_str(&format!("%v0 = f32[4] mul(%x, %k{copies})\n"));
+    // The chain's op `i` is value `first + i`.
+    let first = copies + 2;
+    s.push_str(&format!("%{first} = f32[4] mul(%0, %{})\n", first - 1));
     for i in 1..n {
-        let v = i - 1;
+        let (me, v) = (first + i, first + i - 1);
         let line = match i % 4 {
-            1 => format!("%v{i} = f32[4] neg(%v{v})"),
-            2 => format!("%v{i} = f32[4] exp(%v{v})"),
-            3 => format!("%v{i} = f32[4] copy(%v{v})"),
-            _ => format!("%v{i} = f32[4] add(%v{v}, %v{v})"),
+            1 => format!("%{me} = f32[4] neg(%{v})"),
+            2 => format!("%{me} = f32[4] exp(%{v})"),
+            3 => format!("%{me} = f32[4] copy(%{v})"),
+            _ => format!("%{me} = f32[4] add(%{v}, %{v})"),
         };
         s.push_str(&line);
         s.push('\n');
     }
     for i in (1..n).filter(|i| every.is_some_and(|e| i % e == 0)) {
-        s.push_str(&format!("output \"v{i}\" = %v{i}\n"));
+        s.push_str(&format!("output \"v{i}\" = %{}\n", first + i));
     }
-    s.push_str(&format!("output \"y\" = %v{}\n", n - 1));
+    s.push_str(&format!("output \"y\" = %{}\n", first + n - 1));
     s
 }
 
@@ -81,12 +84,10 @@ fn full_input() -> HashMap<String, HostTensor> {
         .collect()
 }
 
-/// Parse the chain's text, print it back and check the round trip.
+/// Parse the chain's text and print it back (the same text: it is in printed form).
 fn parse_and_print(text: &str) -> Program {
     let p = ir::text::parse(text).unwrap_or_else(|e| panic!("{e}"));
-    let printed = ir::text::print(&p);
-    let again = ir::text::parse(&printed).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(again, p, "the printed program parses back to itself");
+    assert!(ir::text::print(&p) == text, "the chain prints as written");
     p
 }
 
@@ -153,7 +154,7 @@ fn a_chain_of_a_million_ops_runs_on_one_device() {
     small_stacks(|| one_device(1_000_000));
 }
 
-/// About 30 s in the test profile (propagation and partitioning of a million values).
+/// About 30-45 s in the test profile (propagation and partitioning of a million values).
 #[test]
 fn a_chain_of_a_million_ops_runs_partitioned_on_two_devices() {
     small_stacks(|| two_devices(1_000_000));

@@ -2,7 +2,7 @@
 //! be run at once (`gshard run P --inputs` on the file this writes).
 
 use crate::files;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use ir::{DType, RngDist, Type};
 use runtime::HostTensor;
 use std::path::PathBuf;
@@ -52,27 +52,23 @@ pub fn main(a: Args) -> Result<()> {
     let mut tensors = Vec::new();
     for (stream, (name, v)) in p.params().into_iter().enumerate() {
         let ty: &Type = p.ty(v);
-        let n = ty.num_elements();
-        let values: Vec<f64> = if ty.dtype.is_float() {
-            (0..n)
-                .map(|i| {
-                    a.scale
-                        * runtime::rng::sample(
-                            RngDist::Normal,
-                            DType::F64,
-                            a.seed,
-                            stream as u64,
-                            i as u64,
-                        )
-                })
-                .collect()
+        // Built in place, failing with an error (not an abort) when it does not fit.
+        let t = if ty.dtype.is_float() {
+            HostTensor::try_from_f64_fn(ty.clone(), |i| {
+                a.scale
+                    * runtime::rng::sample(
+                        RngDist::Normal,
+                        DType::F64,
+                        a.seed,
+                        stream as u64,
+                        i as u64,
+                    )
+            })
         } else {
-            vec![0.0; n]
-        };
-        tensors.push((
-            name.to_string(),
-            HostTensor::from_f64_values(ty.clone(), &values),
-        ));
+            HostTensor::try_zeros(ty.clone())
+        }
+        .with_context(|| format!("making input `{name}`"))?;
+        tensors.push((name.to_string(), t));
     }
     let refs: Vec<(String, &HostTensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
     files::write_tensors(&a.out, &refs)?;
