@@ -5,7 +5,7 @@ use crate::error::VerifyError;
 use crate::infer::infer_type;
 use crate::op::Op;
 use crate::program::Program;
-use crate::text;
+use crate::text::print::print_context;
 
 /// Check every invariant of a program. Run after every pass in tests and debug builds.
 pub fn verify(p: &Program) -> Result<(), VerifyError> {
@@ -18,7 +18,7 @@ pub fn verify(p: &Program) -> Result<(), VerifyError> {
             .unwrap_or("?")
             .to_string(),
         msg,
-        context: text::print_context(p, i, 10),
+        context: print_context(p, i, 10),
     };
     let mut names: std::collections::HashSet<&str> = Default::default();
     for (i, ins) in p.instrs.iter().enumerate() {

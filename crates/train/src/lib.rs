@@ -6,7 +6,6 @@ pub mod bleu;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
-pub mod devices;
 pub mod memory;
 pub mod metrics;
 pub mod optim;

@@ -21,8 +21,27 @@ fn err<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
 
+/// A plot that could not be drawn or written.
+#[derive(Debug, thiserror::Error)]
+#[error("drawing {}: {msg}", path.display())]
+pub struct PlotError {
+    pub path: std::path::PathBuf,
+    pub msg: String,
+}
+
+fn at(path: &Path) -> impl Fn(String) -> PlotError + '_ {
+    move |msg| PlotError {
+        path: path.to_path_buf(),
+        msg,
+    }
+}
+
 /// Training loss (and dev loss points, if any) against steps.
-pub fn loss_curve(path: &Path, train: &[(f64, f64)], dev: &[(f64, f64)]) -> Result<(), String> {
+pub fn loss_curve(path: &Path, train: &[(f64, f64)], dev: &[(f64, f64)]) -> Result<(), PlotError> {
+    draw_loss_curve(path, train, dev).map_err(at(path))
+}
+
+fn draw_loss_curve(path: &Path, train: &[(f64, f64)], dev: &[(f64, f64)]) -> Result<(), String> {
     register_font();
     let root = BitMapBackend::new(path, (900, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
@@ -76,7 +95,11 @@ pub type LoadSeries = (String, Vec<(f64, Vec<f64>)>);
 
 /// Fraction of tokens routed (first choice) to each expert over training, one panel per MoE
 /// layer.
-pub fn expert_load(path: &Path, series: &[LoadSeries]) -> Result<(), String> {
+pub fn expert_load(path: &Path, series: &[LoadSeries]) -> Result<(), PlotError> {
+    draw_expert_load(path, series).map_err(at(path))
+}
+
+fn draw_expert_load(path: &Path, series: &[LoadSeries]) -> Result<(), String> {
     register_font();
     let n = series.len().max(1);
     let root = BitMapBackend::new(path, (900, 300 * n as u32)).into_drawing_area();

@@ -554,7 +554,7 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
     }
     let global = moe_inputs(&p);
     let per_dev: Vec<std::collections::HashMap<String, Arc<runtime::HostTensor>>> =
-        train::devices::shard_inputs(&part, &global)?
+        driver::shard_inputs(&part, &global)?
             .into_iter()
             .map(|m| m.into_iter().map(|(k, v)| (k, Arc::new(v))).collect())
             .collect();

@@ -108,8 +108,8 @@ fn run(a: Args, mpi: Mpi) -> Result<()> {
         if a.profile.is_some() {
             profiler = Some(runtime::Profiler::new());
         }
-        let mine = train::devices::shard_inputs_for(&part, &inputs, &comm.local_positions())
-            .with_context(ctx)?;
+        let mine =
+            driver::shard_inputs_for(&part, &inputs, &comm.local_positions()).with_context(ctx)?;
         let r =
             runtime::run_devices_profiled(&part.program, comm.as_ref(), &mine, profiler.as_ref())
                 .with_context(ctx)?;
@@ -134,7 +134,7 @@ fn run(a: Args, mpi: Mpi) -> Result<()> {
                 crate::cmd::inspect::human_bytes(peak as usize)
             );
         }
-        train::devices::assemble_outputs(&part, &all)
+        driver::assemble_outputs(&part, &all)
     } else if a.mesh.given() || p.mesh.is_some() {
         let p = a.mesh.apply(&p)?;
         let part =
@@ -149,7 +149,7 @@ fn run(a: Args, mpi: Mpi) -> Result<()> {
             input_bytes,
             a.max_memory,
         )?;
-        let per_dev = train::devices::shard_inputs(&part, &inputs).with_context(ctx)?;
+        let per_dev = driver::shard_inputs(&part, &inputs).with_context(ctx)?;
         let (outs, peak) = if a.reference {
             (
                 runtime::run_spmd(&part.program, &per_dev).with_context(ctx)?,
@@ -170,7 +170,7 @@ fn run(a: Args, mpi: Mpi) -> Result<()> {
                 crate::cmd::inspect::human_bytes(b)
             ))
         );
-        train::devices::assemble_outputs(&part, &outs)
+        driver::assemble_outputs(&part, &outs)
     } else if a.reference {
         files::check_memory(&what, &p, 1, input_bytes, a.max_memory)?;
         runtime::reference::run(&p, &inputs).with_context(ctx)?

@@ -51,7 +51,7 @@ mod attrs;
 mod items;
 mod lex;
 mod parse;
-mod print;
+pub(crate) mod print;
 
 pub use parse::parse;
 pub use print::{print, print_context, print_instr};

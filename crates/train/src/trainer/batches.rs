@@ -145,8 +145,7 @@ pub fn prepare_data(
         }
         i += 1;
     }
-    let sampler = LangSampler::new(&sizes, cfg.data.temperature, cfg.seed as i32)
-        .map_err(|e| TrainError::Data(e.to_string()))?;
+    let sampler = LangSampler::new(&sizes, cfg.data.temperature, cfg.seed as i32)?;
     Ok(Data {
         langs: langs.to_vec(),
         train,

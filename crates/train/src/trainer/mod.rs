@@ -54,14 +54,26 @@ pub enum TrainError {
     Config(#[from] crate::config::ConfigError),
     #[error("data: {0}")]
     Data(String),
+    #[error("data: {0}")]
+    Corpus(#[from] crate::data::DataError),
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    #[error("building the model: {0}")]
+    Build(#[from] sharding::ShardingError),
+    #[error("differentiating the model: {0}")]
+    Grad(#[from] autodiff::GradError),
+    #[error("building the optimizer's update: {0}")]
+    Optimizer(#[from] crate::optim::OptimError),
     #[error("building the model: {0}")]
     Model(String),
     #[error("partitioning: {0}")]
     Partition(#[from] spmd::SpmdError),
     #[error("running a step: {0}")]
     Run(String),
+    #[error("the checkpoint shared by rank 0: {0}")]
+    Shared(#[source] runtime::IoError),
+    #[error(transparent)]
+    Plot(#[from] crate::plots::PlotError),
     #[error("running a step: {0}")]
     Exec(#[from] runtime::ExecError),
     #[error("between the devices: {0}")]

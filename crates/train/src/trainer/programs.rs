@@ -30,11 +30,10 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
         src_len: cfg.data.max_len,
         tgt_len: cfg.data.max_len,
     };
-    let model_err = |e: &dyn std::fmt::Display| TrainError::Model(e.to_string());
     let t0 = Instant::now();
 
     let b = Builder::with_mesh(mesh.clone());
-    let built = build(&b, &model, &shape, &cfg.layout(), true).map_err(|e| model_err(&e))?;
+    let built = build(&b, &model, &shape, &cfg.layout(), true)?;
     b.output("loss", &built.loss);
     b.output("ce", &built.ce);
     let mut moe_layers = Vec::new();
@@ -48,12 +47,10 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
     let fwd = b.finish();
     let names: Vec<String> = built.params.iter().map(|s| s.name.clone()).collect();
     let wrt: Vec<&str> = names.iter().map(String::as_str).collect();
-    let with_grads = autodiff::grad(&fwd, "loss", &wrt).map_err(|e| model_err(&e))?;
+    let with_grads = autodiff::grad(&fwd, "loss", &wrt)?;
     let b = Builder::from_program(with_grads);
-    cfg.optimizer
-        .append_update(&b, &built.params)
-        .map_err(|e| model_err(&e))?;
-    let mut step_prog = guard_nonfinite(&b, &built.params).map_err(|e| model_err(&e))?;
+    cfg.optimizer.append_update(&b, &built.params)?;
+    let mut step_prog = guard_nonfinite(&b, &built.params).map_err(TrainError::Model)?;
     // Keep only what the loop reads: metrics and the new state (the gradients themselves
     // are consumed by the update).
     step_prog.outputs.retain(|(n, _)| !n.starts_with("grad_"));
@@ -61,7 +58,7 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
     let state = cfg.optimizer.state_specs(&built.params);
 
     let eb = Builder::with_mesh(mesh);
-    let ebuilt = build(&eb, &model, &shape, &cfg.layout(), false).map_err(|e| model_err(&e))?;
+    let ebuilt = build(&eb, &model, &shape, &cfg.layout(), false)?;
     eb.output("ce", &ebuilt.ce);
     eb.output("logits", &ebuilt.logits);
     let eval_prog = eb.finish();

@@ -101,13 +101,12 @@ fn checkpoint_bytes(
 }
 
 fn checkpoint_from_bytes(bytes: &[u8]) -> Result<(u64, HashMap<String, HostTensor>), TrainError> {
-    let bad = |e: String| TrainError::Run(format!("the checkpoint shared by rank 0: {e}"));
-    let (tensors, meta) = runtime::read_safetensors(bytes).map_err(|e| bad(e.to_string()))?;
+    let (tensors, meta) = runtime::read_safetensors(bytes).map_err(TrainError::Shared)?;
     let step = meta
         .as_ref()
         .and_then(|m| m.get("step"))
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("no step".into()))?;
+        .ok_or_else(|| TrainError::Run("the checkpoint shared by rank 0 has no step".into()))?;
     Ok((step, tensors.into_iter().collect()))
 }
 
@@ -680,10 +679,9 @@ fn plots(rd: &RunDir, layers: &[String]) -> Result<(), TrainError> {
             }
         }
     }
-    crate::plots::loss_curve(&rd.dir.join("loss.png"), &train, &dev).map_err(TrainError::Run)?;
+    crate::plots::loss_curve(&rd.dir.join("loss.png"), &train, &dev)?;
     if !layers.is_empty() {
-        crate::plots::expert_load(&rd.dir.join("expert_load.png"), &load)
-            .map_err(TrainError::Run)?;
+        crate::plots::expert_load(&rd.dir.join("expert_load.png"), &load)?;
     }
     Ok(())
 }

@@ -6,7 +6,6 @@ use super::batches::{batch_tensors, splitmix, Example};
 use super::programs::{init_tensor, Programs};
 use super::TrainError;
 use crate::config::TrainConfig;
-use crate::devices;
 use crate::tokenizer::Tokenizer;
 use ir::{DType, Type};
 use runtime::comm::gather_positions;
@@ -89,7 +88,7 @@ impl Trainer {
         for l in &programs.step.params {
             if let Some(t) = global.get(&l.name) {
                 for (&pos, m) in positions.iter().zip(state.iter_mut()) {
-                    m.insert(l.name.clone(), t.block(&devices::block(l, &mesh, pos)));
+                    m.insert(l.name.clone(), t.block(&driver::block(l, &mesh, pos)));
                 }
             }
         }
@@ -126,7 +125,7 @@ impl Trainer {
         for l in &part.params {
             if let Some(t) = batch.get(&l.name) {
                 for (&pos, m) in positions.iter().zip(per.iter_mut()) {
-                    m.insert(l.name.clone(), t.block(&devices::block(l, &mesh, pos)));
+                    m.insert(l.name.clone(), t.block(&driver::block(l, &mesh, pos)));
                 }
             }
         }
@@ -167,7 +166,7 @@ impl Trainer {
             if let Some(t) = batch.get(&l.name) {
                 fed.push(l.name.clone());
                 for (&pos, m) in positions.iter().zip(shared.iter_mut()) {
-                    let b = t.block(&devices::block(l, &mesh, pos));
+                    let b = t.block(&driver::block(l, &mesh, pos));
                     m.insert(l.name.clone(), Arc::new(b));
                 }
             }
@@ -220,7 +219,7 @@ impl Trainer {
             .filter(|l| all[0].contains_key(&l.name))
             .map(|l| {
                 let shards: Vec<&HostTensor> = all.iter().map(|m| &m[&l.name]).collect();
-                (l.name.clone(), devices::assemble(l, &mesh, &shards))
+                (l.name.clone(), driver::assemble(l, &mesh, &shards))
             })
             .collect())
     }
@@ -254,7 +253,7 @@ impl Trainer {
         )?;
         let n = self.mesh().num_devices();
         let all = gather_positions(self.comm.as_ref(), &r.outputs, n)?;
-        let outs = devices::assemble_outputs(part, &all);
+        let outs = driver::assemble_outputs(part, &all);
         Ok((outs["ce"].to_f64_vec()[0], outs["logits"].clone()))
     }
 }

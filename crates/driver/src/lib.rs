@@ -1,6 +1,7 @@
-//! Running a partitioned program on the devices of this process: cut global host tensors
-//! into each device's shard, run every device with the executor, and assemble global outputs
-//! from the shards (each tile taken once, from its first holder).
+//! The driver layer between the compiler and the executor: running a partitioned program on
+//! the devices of this process. It cuts global host tensors into each device's shard, runs
+//! every device with the executor, and assembles global outputs from the shards (each tile
+//! taken once, from its first holder). `gshard run`, `gshard bench` and training use it.
 
 use ir::Mesh;
 use runtime::{BlockDim, HostTensor};

@@ -1,7 +1,7 @@
 //! The README's library example, verbatim (a second test keeps the two texts equal).
 
 use ir::{Builder, DType, Mesh, Type};
-use runtime::{BlockDim, HostTensor, InProcess};
+use runtime::{HostTensor, InProcess};
 use std::collections::HashMap;
 
 #[test]
@@ -18,29 +18,22 @@ fn eight_devices_compute_what_one_does() {
     // The backward pass is IR too; propagate the sharding and partition the whole step.
     let step = autodiff::grad(&b.finish(), "loss", &["w1", "w2"]).unwrap();
     let part = spmd::compile(&step).unwrap();
-    let mesh = part.program.mesh.clone().unwrap();
-    // Inputs: the whole tensors for one device, and each of the 8 devices' blocks.
-    let (mut one, mut eight) = (HashMap::new(), vec![HashMap::new(); 8]);
-    for l in &part.params {
-        let v = (0..l.global.num_elements()).map(|i| (i % 7) as f32 - 3.0);
-        let t = HostTensor::from_f32(l.global.shape.clone(), v.collect());
-        for (d, inputs) in eight.iter_mut().enumerate() {
-            let r = spmd::shard_ranges(&l.global.shape, &l.sharding, &mesh, d);
-            let block = r.iter().map(|r| BlockDim {
-                offset: r.offset,
-                len: r.len,
-                padded: r.padded,
-            });
-            inputs.insert(l.name.clone(), t.block(&block.collect::<Vec<_>>()));
-        }
-        one.insert(l.name.clone(), t);
+    // Whole inputs: the driver cuts each device's block and assembles the outputs.
+    let mut inputs = HashMap::new();
+    for (name, v) in step.params() {
+        let shape = step.ty(v).shape.clone();
+        let values = (0..shape.iter().product()).map(|i: usize| (i % 7) as f32 - 3.0);
+        inputs.insert(
+            name.to_string(),
+            HostTensor::from_f32(shape, values.collect()),
+        );
     }
-    let eight = runtime::run_devices(&part.program, &InProcess::new(8), &eight).unwrap();
-    let one = runtime::run_devices(&step, &InProcess::new(1), &[one]).unwrap();
+    let eight = driver::run(&part, &inputs).unwrap().outputs;
+    let one = runtime::run_devices(&step, &InProcess::new(1), &[inputs]).unwrap();
     // The loss and the gradients are all-reduced: each device holds the whole values.
     let close = |(a, b): (f32, f32)| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
     for name in ["loss", "grad_w1", "grad_w2"] {
-        let (a, b) = (&eight.outputs[0][name], &one.outputs[0][name]);
+        let (a, b) = (&eight[name], &one.outputs[0][name]);
         let same = a.to_f32_vec().into_iter().zip(b.to_f32_vec()).all(close);
         assert!(same, "{name}");
     }
@@ -60,6 +53,6 @@ fn the_readme_shows_this_file() {
         .unwrap();
     assert!(
         include_str!("../../../README.md").contains(&format!("```rust\n{example}```\n")),
-        "README.md's library example differs from crates/spmd/tests/readme_example.rs"
+        "README.md's library example differs from crates/driver/tests/readme_example.rs"
     );
 }
