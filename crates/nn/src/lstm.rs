@@ -5,7 +5,7 @@
 
 use crate::gating::NoisyTopK;
 use crate::layers::{cross_entropy, embed};
-use crate::moe::{moe_layer, Activation, Gate, MoeSharding};
+use crate::moe::{moe_layer, Activation, Gate, MoeSharding, MoeWeights, Route};
 use crate::params::{Init, ParamSpec, Params};
 use ir::{Builder, DType, RngDist, Type, Value};
 use sharding::ShardingError;
@@ -123,12 +123,13 @@ pub fn build(
         };
         moe_layer(
             &h1.reshape(&[g, s, d]),
-            &wg,
-            &wi,
-            &wo,
-            &gate,
+            MoeWeights {
+                wg: &wg,
+                wi: &wi,
+                wo: &wo,
+            },
+            Route::new(&gate).noise(noise.as_ref()),
             Activation::Relu,
-            noise.as_ref(),
             sharding,
         )
     })?;

@@ -345,39 +345,62 @@ impl MoeSharding {
     }
 }
 
-/// The GShard MoE feed-forward layer on `x [G,S,M]` with gating weights `wg [M,E]` and expert
-/// weights `wi [E,M,H]`, `wo [E,H,M]`, routed by `gate` (see [`Gate`] for what `noise` is).
+/// The weights of an MoE layer: gating `wg [M,E]`, experts' `wi [E,M,H]` and `wo [E,H,M]`.
+#[derive(Clone, Copy)]
+pub struct MoeWeights<'a> {
+    pub wg: &'a Value,
+    pub wi: &'a Value,
+    pub wo: &'a Value,
+}
+
+/// How an MoE layer routes: the gate, its noise (see [`Gate`]) and the padding mask
+/// `paddings [G,S]` (float, 1 = padding token: pads route nowhere, consume no capacity and
+/// are left out of the routers' loss numerators).
+#[derive(Clone, Copy)]
+pub struct Route<'a> {
+    pub gate: &'a Gate,
+    pub noise: Option<&'a Value>,
+    pub paddings: Option<&'a Value>,
+}
+
+impl<'a> Route<'a> {
+    /// Route with `gate`, no noise, no padding.
+    pub fn new(gate: &'a Gate) -> Route<'a> {
+        Route {
+            gate,
+            noise: None,
+            paddings: None,
+        }
+    }
+
+    /// With the gate's noise values.
+    pub fn noise(self, noise: Option<&'a Value>) -> Route<'a> {
+        Route { noise, ..self }
+    }
+
+    /// With a padding mask.
+    pub fn paddings(self, paddings: Option<&'a Value>) -> Route<'a> {
+        Route { paddings, ..self }
+    }
+}
+
+/// The GShard MoE feed-forward layer on `x [G,S,M]` with weights `w`, routed by `route`.
 /// With `sharding`, `x` is split on G, `wg` (and a noisy gate's `w_noise`) replicated, the
 /// expert buffers and weights split on E, and the expert outputs split back on G before
 /// the combine (the two all-to-alls).
-#[allow(clippy::too_many_arguments)]
 pub fn moe_layer(
     x: &Value,
-    wg: &Value,
-    wi: &Value,
-    wo: &Value,
-    gate: &Gate,
+    w: MoeWeights,
+    route: Route,
     act: Activation,
-    noise: Option<&Value>,
     sharding: Option<&MoeSharding>,
 ) -> Result<MoeOut, ShardingError> {
-    moe_layer_padded(x, wg, wi, wo, gate, act, noise, None, sharding)
-}
-
-/// [`moe_layer`] with `paddings [G,S]` (float, 1 = padding token): pads route nowhere,
-/// consume no capacity and are left out of the routers' loss numerators.
-#[allow(clippy::too_many_arguments)]
-pub fn moe_layer_padded(
-    x: &Value,
-    wg: &Value,
-    wi: &Value,
-    wo: &Value,
-    gate: &Gate,
-    act: Activation,
-    noise: Option<&Value>,
-    paddings: Option<&Value>,
-    sharding: Option<&MoeSharding>,
-) -> Result<MoeOut, ShardingError> {
+    let MoeWeights { wg, wi, wo } = w;
+    let Route {
+        gate,
+        noise,
+        paddings,
+    } = route;
     let b = x.builder();
     let w_noise = match gate {
         Gate::NoisyTopK { w_noise, .. } => w_noise.clone(),

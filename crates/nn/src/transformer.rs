@@ -9,7 +9,7 @@
 //! and experts over `expert_axes` (GShard's layout).
 
 use crate::layers::{attention, cross_entropy, dropout, embed, rms_norm, sinusoid, AttnMask};
-use crate::moe::{moe_layer, Activation, Gate, MoeSharding, SecondPolicy, Top2};
+use crate::moe::{moe_layer, Activation, Gate, MoeSharding, MoeWeights, Route, SecondPolicy, Top2};
 use crate::params::{Init, ParamSpec, Params};
 use ir::{Builder, DType, Type, Value};
 use sharding::ShardingError;
@@ -195,14 +195,16 @@ impl Ctx<'_> {
                     expert_axes: self.layout.expert_axes.clone(),
                 }
             });
+        let gate = Gate::Top2(gating);
         let out = moe_layer(
             &xg,
-            &wg,
-            &wi,
-            &wo,
-            &Gate::Top2(gating),
+            MoeWeights {
+                wg: &wg,
+                wi: &wi,
+                wo: &wo,
+            },
+            Route::new(&gate).noise(noise.as_ref()),
             cfg.activation,
-            noise.as_ref(),
             layout.as_ref(),
         )?;
         let gt = out.gating.as_top2().expect("MoE layers route with top-2");

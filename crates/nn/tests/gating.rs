@@ -11,7 +11,7 @@ use nn::gating::{
     cv_squared, expert_choice_gating, noisy_top_k_gating, switch_gating, switch_router_logits,
     ExpertChoice, NoisyTopK, Switch,
 };
-use nn::moe::{moe_layer, moe_layer_padded, top2_gating, Activation, Gate, MoeSharding, Top2};
+use nn::moe::{moe_layer, top2_gating, Activation, Gate, MoeSharding, MoeWeights, Route, Top2};
 use runtime::HostTensor;
 use std::collections::HashMap;
 use testkit::spmd::assert_spmd_matches;
@@ -511,14 +511,16 @@ fn switch_jitter_changes_routing_only_through_the_router_inputs() {
     let wi = b.param("wi", f64t(&[2, m, 3]));
     let wo = b.param("wo", f64t(&[2, 3, m]));
     let u = b.param("u", f64t(&[g, s, m]));
+    let gate = Gate::Switch(cfg);
     let out = moe_layer(
         &xv,
-        &wg,
-        &wi,
-        &wo,
-        &Gate::Switch(cfg),
+        MoeWeights {
+            wg: &wg,
+            wi: &wi,
+            wo: &wo,
+        },
+        Route::new(&gate).noise(Some(&u)),
         Activation::Relu,
-        Some(&u),
         None,
     )
     .unwrap();
@@ -1098,12 +1100,13 @@ fn every_gate_in_the_moe_layer_partitions_on_expert_meshes() {
             let (gate, noise) = make(&b);
             let out = moe_layer(
                 &x,
-                &wg,
-                &wi,
-                &wo,
-                &gate,
+                MoeWeights {
+                    wg: &wg,
+                    wi: &wi,
+                    wo: &wo,
+                },
+                Route::new(&gate).noise(noise.as_ref()),
                 Activation::Relu,
-                noise.as_ref(),
                 Some(&MoeSharding::one_axis("expert")),
             )
             .unwrap();
@@ -1179,15 +1182,15 @@ fn padding_tokens_get_no_expert_under_every_gate() {
         let wi = b.param("wi", f64t(&[e, m, h]));
         let wo = b.param("wo", f64t(&[e, h, m]));
         let pv = b.param("pads", f64t(&[g, s]));
-        let out = moe_layer_padded(
+        let out = moe_layer(
             &x,
-            &wg,
-            &wi,
-            &wo,
-            &gate,
+            MoeWeights {
+                wg: &wg,
+                wi: &wi,
+                wo: &wo,
+            },
+            Route::new(&gate).paddings(Some(&pv)),
             Activation::Relu,
-            None,
-            Some(&pv),
             None,
         )
         .unwrap();

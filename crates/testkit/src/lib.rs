@@ -13,9 +13,11 @@
 //!   every device of a mesh, assemble the outputs and compare them with the single-device
 //!   run ([`spmd::assert_spmd_matches`]); the meshes every oracle test uses
 //!   ([`spmd::for_each_mesh`]).
+//! - [`phrases`]: a synthetic German/French-to-English corpus for training tests.
 //!
 //! Nothing here is used by library code; crates take it as a dev-dependency.
 
+pub mod phrases;
 pub mod spmd;
 pub mod strategies;
 

@@ -9,19 +9,6 @@ use train::config::TrainConfig;
 use train::data::{Corpus, Pair};
 use train::trainer::{run, Event, RunOptions};
 
-const WORDS: [(&str, &str, &str); 10] = [
-    ("one", "eins", "un"),
-    ("two", "zwei", "deux"),
-    ("three", "drei", "trois"),
-    ("four", "vier", "quatre"),
-    ("five", "fünf", "cinq"),
-    ("six", "sechs", "six"),
-    ("red", "rot", "rouge"),
-    ("blue", "blau", "bleu"),
-    ("cat", "Katze", "chat"),
-    ("dog", "Hund", "chien"),
-];
-
 /// Word-by-word "translations" of random 2-4 word phrases into English.
 fn corpus() -> Corpus {
     corpus_skipping(0)
@@ -31,29 +18,17 @@ fn corpus() -> Corpus {
 /// language and the corpus's order (by size) differs from the alphabetical one.
 fn corpus_skipping(k: usize) -> Corpus {
     let mut pairs = Vec::new();
-    let mut x: u64 = 12345;
-    let mut next = || {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (x >> 33) as usize
-    };
-    for _ in 0..1500 {
-        let n = 2 + next() % 3;
-        let idx: Vec<usize> = (0..n).map(|_| next() % WORDS.len()).collect();
-        let en: Vec<&str> = idx.iter().map(|&i| WORDS[i].0).collect();
-        let de: Vec<&str> = idx.iter().map(|&i| WORDS[i].1).collect();
-        let fr: Vec<&str> = idx.iter().map(|&i| WORDS[i].2).collect();
+    for p in testkit::phrases::phrases(1500) {
         let skip_de = k > 0 && pairs.len() % k == 0;
-        for (lang, src) in [("de", de.join(" ")), ("fr", fr.join(" "))] {
+        for (lang, src) in [("de", &p.de), ("fr", &p.fr)] {
             if lang == "de" && skip_de {
                 continue;
             }
             pairs.push(Pair {
                 lang: Arc::from(lang),
                 origin: Arc::from("test"),
-                english: en.join(" "),
-                source: src,
+                english: p.en.clone(),
+                source: src.clone(),
             });
         }
     }

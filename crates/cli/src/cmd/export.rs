@@ -7,7 +7,7 @@ use crate::files;
 use anyhow::{bail, Context, Result};
 use clap::{Subcommand, ValueEnum};
 use ir::{Builder, DType, Mesh, Type};
-use nn::moe::{moe_layer, Activation, Gate, MoeSharding, SecondPolicy, Top2};
+use nn::moe::{moe_layer, Activation, Gate, MoeSharding, MoeWeights, Route, SecondPolicy, Top2};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -175,7 +175,13 @@ pub fn moe_program(a: &MoeLayerArgs) -> Result<(ir::Program, usize, String)> {
     };
     let layout = MoeSharding::one_axis("expert");
     let gate = Gate::Top2(cfg);
-    let out = moe_layer(&x, &wg, &wi, &wo, &gate, act, noise.as_ref(), Some(&layout))?;
+    let weights = MoeWeights {
+        wg: &wg,
+        wi: &wi,
+        wo: &wo,
+    };
+    let route = Route::new(&gate).noise(noise.as_ref());
+    let out = moe_layer(&x, weights, route, act, Some(&layout))?;
     let gt = out
         .gating
         .as_top2()

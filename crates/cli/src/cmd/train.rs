@@ -218,7 +218,13 @@ fn train_main(a: Args, mpi: Mpi) -> Result<()> {
         resume: a.resume,
         overwrite: a.overwrite,
         comm: backend::as_comm(&mpi),
-        profile: a.profile.clone().map(|p| (p, a.profile_steps.max(1))),
+        profile: a
+            .profile
+            .clone()
+            .map(|path| train::trainer::ProfileRequest {
+                path,
+                steps: a.profile_steps.max(1),
+            }),
         stop: Some(stop_on_signals()?),
         max_memory: a.max_memory,
         ..RunOptions::new(a.out.clone())

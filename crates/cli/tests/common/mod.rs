@@ -30,50 +30,23 @@ impl Drop for TempDir {
     }
 }
 
-const WORDS: [(&str, &str, &str); 10] = [
-    ("one", "eins", "un"),
-    ("two", "zwei", "deux"),
-    ("three", "drei", "trois"),
-    ("four", "vier", "quatre"),
-    ("five", "fünf", "cinq"),
-    ("six", "sechs", "six"),
-    ("red", "rot", "rouge"),
-    ("blue", "blau", "bleu"),
-    ("cat", "Katze", "chat"),
-    ("dog", "Hund", "chien"),
-];
-
 /// A corpus of word-by-word phrases in `DIR/parallel/{de,fr}.tsv` (French has more pairs,
 /// so the corpus's language order differs from the alphabetical one).
 pub fn tiny_corpus(dir: &Path) {
     let par = dir.join("parallel");
     std::fs::create_dir_all(&par).unwrap();
-    let mut x: u64 = 12345;
-    let mut next = || {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (x >> 33) as usize
-    };
     let (mut de, mut fr) = (String::new(), String::new());
-    for i in 0..1200 {
-        let n = 2 + next() % 3;
-        let idx: Vec<usize> = (0..n).map(|_| next() % WORDS.len()).collect();
-        let side = |k: usize| {
-            idx.iter()
-                .map(move |&j| [WORDS[j].0, WORDS[j].1, WORDS[j].2][k])
-        };
-        let en: Vec<&str> = side(0).collect();
+    for (i, p) in testkit::phrases::phrases(1200).iter().enumerate() {
         let split = match i % 20 {
             0 => "dev",
             1 => "test",
             _ => "train",
         };
-        let line = |src: Vec<&str>| format!("{split}\ttest\t{}\t{}\n", en.join(" "), src.join(" "));
+        let line = |src: &str| format!("{split}\ttest\t{}\t{src}\n", p.en);
         if i % 3 != 0 {
-            de.push_str(&line(side(1).collect()));
+            de.push_str(&line(&p.de));
         }
-        fr.push_str(&line(side(2).collect()));
+        fr.push_str(&line(&p.fr));
     }
     std::fs::write(par.join("de.tsv"), de).unwrap();
     std::fs::write(par.join("fr.tsv"), fr).unwrap();

@@ -134,14 +134,13 @@ pub fn gather(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Partition `scatter_add(base, idx, upd)` along `axis`, the first `b` dims of `idx` being
+/// batch dims.
 pub fn scatter_add(
     ctx: &mut Ctx,
     axis: usize,
     b: usize,
-    base: &PartitionedValue,
-    idx: &PartitionedValue,
-    upd: &PartitionedValue,
+    [base, idx, upd]: [&PartitionedValue; 3],
     ty: &Type,
     t: &Sharding,
 ) -> Result<PartitionedValue, SpmdError> {

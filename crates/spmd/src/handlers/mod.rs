@@ -61,7 +61,8 @@ pub fn partition_instr(
             gather::gather(ctx, *axis, *batch_dims, ops[0], ops[1], &ins.ty, &t)
         }
         Op::ScatterAdd { axis, batch_dims } => {
-            gather::scatter_add(ctx, *axis, *batch_dims, ops[0], ops[1], ops[2], &ins.ty, &t)
+            let operands = [ops[0], ops[1], ops[2]];
+            gather::scatter_add(ctx, *axis, *batch_dims, operands, &ins.ty, &t)
         }
         Op::PartitionId
         | Op::AllReduce { .. }

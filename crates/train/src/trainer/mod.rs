@@ -37,7 +37,7 @@ pub use decode::translate;
 pub use load::{evaluate_pairs, load_run, LoadedRun};
 pub use programs::{build_programs, init_tensor, Programs};
 pub use programs::{APPLIED, GRAD_NORM};
-pub use run::{config_diff, run, ExpertLoad, Report, RunOptions, Sample};
+pub use run::{config_diff, run, ExpertLoad, ProfileRequest, Report, RunOptions, Sample};
 pub use rundir::{RunDir, RunLock};
 pub use step::{dev_loss, Trainer};
 

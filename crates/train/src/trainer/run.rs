@@ -20,6 +20,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A Chrome trace (Perfetto) of `steps` steps, after one warm-up step, written to `path` by
+/// process 0 (every process's devices are in it).
+#[derive(Clone, Debug)]
+pub struct ProfileRequest {
+    pub path: PathBuf,
+    pub steps: u64,
+}
+
 /// Options of [`run`] that are not part of the config.
 pub struct RunOptions {
     pub out: PathBuf,
@@ -31,9 +39,8 @@ pub struct RunOptions {
     pub stop_after: Option<u64>,
     /// Where the devices run; `None`: all of them in this process.
     pub comm: Option<Arc<dyn Communicator>>,
-    /// Write a Chrome trace (Perfetto) of this many steps to this file, after one warm-up
-    /// step (written by process 0; every process's devices are in it).
-    pub profile: Option<(PathBuf, u64)>,
+    /// Write a Chrome trace (Perfetto) of some steps; `None`: no trace.
+    pub profile: Option<ProfileRequest>,
     /// Set (by a signal handler) to stop cleanly after the step in flight.
     pub stop: Option<StopRequest>,
     /// The memory this process may use; `None`: what the host has available.
@@ -476,7 +483,7 @@ pub fn run(
         let profiling = opts
             .profile
             .as_ref()
-            .is_some_and(|&(_, count)| step > first && step <= first + count);
+            .is_some_and(|r| step > first && step <= first + r.steps);
         let t0 = Instant::now();
         let out = tr.train_step_profiled(&batch, profiler.as_ref().filter(|_| profiling))?;
         let dt = t0.elapsed().as_secs_f64();
@@ -578,7 +585,7 @@ pub fn run(
             break;
         }
     }
-    if let (Some(prof), Some((path, _))) = (&profiler, &opts.profile) {
+    if let (Some(prof), Some(ProfileRequest { path, .. })) = (&profiler, &opts.profile) {
         let traces = comm.all_gather_bytes(prof.chrome_trace().into_bytes())?;
         if root {
             let texts: Vec<String> = traces
