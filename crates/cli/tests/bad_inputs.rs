@@ -423,3 +423,26 @@ fn a_sixty_thousand_op_chain_runs() {
         );
     }
 }
+
+#[test]
+fn the_command_lines_mesh_applies_before_the_config_is_checked() {
+    // 64 tokens a batch in groups of 16: 4 groups, which do not divide over 4 x 2 devices.
+    let d = tiny_setup("mesh-first", "");
+    let cfg = TINY.replace("data = 1\nexpert = 2", "data = 4\nexpert = 2");
+    std::fs::write(d.path("run.toml"), cfg).unwrap();
+    let train = |mesh: &[&str]| {
+        let mut args = vec![
+            "train", "--config", "run.toml", "--data", "data", "--out", "run",
+        ];
+        args.extend_from_slice(&["--steps", "1", "--overwrite"]);
+        args.extend_from_slice(mesh);
+        gshard(&args, &d.0)
+    };
+    assert_fails(&train(&[]), &["group_size = 16", "8 devices"]);
+    let out = train(&["--mesh", "data=1,expert=2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -240,6 +240,14 @@ impl TrainConfig {
     /// table whose `kind` differs from the default's (`[optimizer] kind = "adam"`) replaces
     /// the default's table instead, taking that kind's own defaults.
     pub fn from_toml(text: &str, path: &str) -> Result<TrainConfig, ConfigError> {
+        let cfg = TrainConfig::parse_toml(text, path)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// [`TrainConfig::from_toml`] without [`TrainConfig::validate`], for a caller that
+    /// overrides fields (the CLI's `--mesh`, `--steps`) and validates the result.
+    pub fn parse_toml(text: &str, path: &str) -> Result<TrainConfig, ConfigError> {
         let parse_err = |msg: String| ConfigError::Parse {
             path: path.to_string(),
             msg: msg.replace('\n', " ").trim().to_string(),
@@ -251,7 +259,6 @@ impl TrainConfig {
         let cfg: TrainConfig = toml::Value::Table(merged)
             .try_into()
             .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
-        cfg.validate()?;
         Ok(cfg)
     }
 

@@ -70,7 +70,8 @@ pub fn load_config(config: Option<&Path>) -> Result<TrainConfig> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read config {}", path.display()))?;
-            Ok(TrainConfig::from_toml(&text, &path.display().to_string())?)
+            // Validated by the caller, after the command line's overrides (`--mesh`).
+            Ok(TrainConfig::parse_toml(&text, &path.display().to_string())?)
         }
         None => Ok(TrainConfig::default()),
     }
