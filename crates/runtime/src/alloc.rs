@@ -180,6 +180,8 @@ mod tests {
     #[test]
     fn large_blocks_are_line_aligned_and_realloc_keeps_contents() {
         let a = LineAligned;
+        // SAFETY: every block is allocated with a non-zero size, written only within its
+        // layout, reallocated and freed with the layout it was last given, exactly once.
         unsafe {
             let l = Layout::from_size_align(LINE_ALIGNED_MIN, 4).unwrap();
             let p = a.alloc(l);
