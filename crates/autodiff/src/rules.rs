@@ -7,7 +7,9 @@
 //! nothing for it. Rules may emit cotangents that the driver ends up not needing; `grad`
 //! removes such dead backward code afterwards, so rules stay simple and total.
 
-use ir::{BinaryOp, Builder, DotDims, Instr, Op, ReduceOp, UnaryOp, Value};
+use ir::{
+    BinaryOp, Builder, Collective, CollectiveKind, DotDims, Instr, Op, ReduceOp, UnaryOp, Value,
+};
 
 /// Cotangents of `instr`'s operands (one entry per operand, `None` = no gradient).
 ///
@@ -107,69 +109,47 @@ pub fn vjp(
             vec![Some(g.clone()), None, Some(u)]
         }
         Op::Rng { .. } => vec![None; n],
-        Op::AllReduce { op, axes } => {
+        Op::Collective(Collective { kind, axes }) => {
+            // The transpose of each collective, on the cotangent.
+            let emit = |op: Op, v: &Value| b.emit(op, &[v], None);
+            let gather = |v: &Value, dim: usize| emit(Op::all_gather(dim, axes.clone()), v);
             let sum = |v: &Value| all_reduce_sum(b, axes, v);
-            match op {
-                ReduceOp::Sum => vec![Some(sum(g))],
-                // Chooser rule across devices: the summed cotangent is split equally among
-                // the devices whose value equals the result.
-                ReduceOp::Max | ReduceOp::Min => {
-                    let ind = ops[0].eq(out).convert(g.dtype());
-                    vec![Some(ind.mul(&sum(g)).div(&sum(&ind)))]
+            match kind {
+                CollectiveKind::AllReduce { op } => match op {
+                    ReduceOp::Sum => vec![Some(sum(g))],
+                    // Chooser rule across devices: the summed cotangent is split equally
+                    // among the devices whose value equals the result.
+                    ReduceOp::Max | ReduceOp::Min => {
+                        let ind = ops[0].eq(out).convert(g.dtype());
+                        vec![Some(ind.mul(&sum(g)).div(&sum(&ind)))]
+                    }
+                },
+                CollectiveKind::AllGather { dim } => {
+                    let op = Op::reduce_scatter(ReduceOp::Sum, *dim, axes.clone());
+                    vec![Some(emit(op, g))]
+                }
+                CollectiveKind::ReduceScatter { op, dim } => match op {
+                    ReduceOp::Sum => vec![Some(gather(g, *dim))],
+                    // As for all_reduce, on the full (gathered) result.
+                    ReduceOp::Max | ReduceOp::Min => {
+                        let ind = ops[0].eq(&gather(out, *dim)).convert(g.dtype());
+                        let count = all_reduce_sum(b, axes, &ind);
+                        vec![Some(ind.mul(&gather(g, *dim)).div(&count))]
+                    }
+                },
+                CollectiveKind::AllToAll {
+                    split_dim,
+                    concat_dim,
+                } => {
+                    let op = Op::all_to_all(*concat_dim, *split_dim, axes.clone());
+                    vec![Some(emit(op, g))]
+                }
+                CollectiveKind::Permute { pairs } => {
+                    let back = pairs.iter().map(|&(s, d)| (d, s)).collect();
+                    vec![Some(emit(Op::collective_permute(axes.clone(), back), g))]
                 }
             }
         }
-        Op::AllGather { dim, axes } => vec![Some(b.emit(
-            Op::ReduceScatter {
-                op: ReduceOp::Sum,
-                dim: *dim,
-                axes: axes.clone(),
-            },
-            &[g],
-            None,
-        ))],
-        Op::ReduceScatter { op, dim, axes } => {
-            let gather = |v: &Value| {
-                b.emit(
-                    Op::AllGather {
-                        dim: *dim,
-                        axes: axes.clone(),
-                    },
-                    &[v],
-                    None,
-                )
-            };
-            match op {
-                ReduceOp::Sum => vec![Some(gather(g))],
-                // As for all_reduce, on the full (gathered) result.
-                ReduceOp::Max | ReduceOp::Min => {
-                    let ind = ops[0].eq(&gather(out)).convert(g.dtype());
-                    let count = all_reduce_sum(b, axes, &ind);
-                    vec![Some(ind.mul(&gather(g)).div(&count))]
-                }
-            }
-        }
-        Op::AllToAll {
-            split_dim,
-            concat_dim,
-            axes,
-        } => vec![Some(b.emit(
-            Op::AllToAll {
-                split_dim: *concat_dim,
-                concat_dim: *split_dim,
-                axes: axes.clone(),
-            },
-            &[g],
-            None,
-        ))],
-        Op::CollectivePermute { axes, pairs } => vec![Some(b.emit(
-            Op::CollectivePermute {
-                axes: axes.clone(),
-                pairs: pairs.iter().map(|&(s, d)| (d, s)).collect(),
-            },
-            &[g],
-            None,
-        ))],
     };
     // Integer and bool operands never carry a gradient, whatever the rule above says.
     cts.into_iter()
@@ -194,14 +174,7 @@ fn with_none(first: Option<Value>, n: usize) -> Vec<Option<Value>> {
 }
 
 fn all_reduce_sum(b: &Builder, axes: &[String], v: &Value) -> Value {
-    b.emit(
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes.to_vec(),
-        },
-        &[v],
-        None,
-    )
+    b.emit(Op::all_reduce(ReduceOp::Sum, axes.to_vec()), &[v], None)
 }
 
 fn unary(u: UnaryOp, x: &Value, out: &Value, g: &Value) -> Option<Value> {

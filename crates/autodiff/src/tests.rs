@@ -211,58 +211,28 @@ fn axes(a: &[&str]) -> Vec<String> {
 
 #[test]
 fn collective_transposes() {
-    let ar = Op::AllReduce {
-        op: ReduceOp::Sum,
-        axes: axes(&["a"]),
-    };
+    let ar = Op::all_reduce(ReduceOp::Sum, axes(&["a"]));
     assert_eq!(collective_tail(emit(ar.clone())), [ar]);
 
-    let ag = Op::AllGather {
-        dim: 1,
-        axes: axes(&["b", "a"]),
-    };
-    let rs = Op::ReduceScatter {
-        op: ReduceOp::Sum,
-        dim: 1,
-        axes: axes(&["b", "a"]),
-    };
+    let ag = Op::all_gather(1, axes(&["b", "a"]));
+    let rs = Op::reduce_scatter(ReduceOp::Sum, 1, axes(&["b", "a"]));
     assert_eq!(collective_tail(emit(ag.clone())), std::slice::from_ref(&rs));
     assert_eq!(collective_tail(emit(rs)), [ag]);
 
-    let a2a = |split_dim, concat_dim| Op::AllToAll {
-        split_dim,
-        concat_dim,
-        axes: axes(&["a", "b"]),
-    };
+    let a2a = |split_dim, concat_dim| Op::all_to_all(split_dim, concat_dim, axes(&["a", "b"]));
     assert_eq!(collective_tail(emit(a2a(0, 1))), [a2a(1, 0)]);
 
-    let cp = |pairs: &[(usize, usize)]| Op::CollectivePermute {
-        axes: axes(&["b"]),
-        pairs: pairs.to_vec(),
-    };
+    let cp = |pairs: &[(usize, usize)]| Op::collective_permute(axes(&["b"]), pairs.to_vec());
     assert_eq!(collective_tail(emit(cp(&[(0, 1)]))), [cp(&[(1, 0)])]);
 }
 
 #[test]
 fn max_collectives_use_the_chooser_rule() {
-    let ar = Op::AllReduce {
-        op: ReduceOp::Max,
-        axes: axes(&["a"]),
-    };
-    let sum = Op::AllReduce {
-        op: ReduceOp::Sum,
-        axes: axes(&["a"]),
-    };
+    let ar = Op::all_reduce(ReduceOp::Max, axes(&["a"]));
+    let sum = Op::all_reduce(ReduceOp::Sum, axes(&["a"]));
     assert_eq!(collective_tail(emit(ar)), [sum.clone(), sum.clone()]);
-    let rs = Op::ReduceScatter {
-        op: ReduceOp::Min,
-        dim: 0,
-        axes: axes(&["a"]),
-    };
-    let ag = Op::AllGather {
-        dim: 0,
-        axes: axes(&["a"]),
-    };
+    let rs = Op::reduce_scatter(ReduceOp::Min, 0, axes(&["a"]));
+    let ag = Op::all_gather(0, axes(&["a"]));
     let mut got = collective_tail(emit(rs));
     got.sort_by_key(|o| o.name());
     assert_eq!(got, [ag.clone(), ag, sum]);

@@ -4,7 +4,7 @@
 use crate::dtype::{DType, Type};
 use crate::error::ShapeError;
 use crate::mesh::Mesh;
-use crate::op::{BinaryOp, Literal, Op, UnaryOp};
+use crate::op::{BinaryOp, Collective, CollectiveKind, Literal, Op, UnaryOp};
 
 fn fmt_types(ts: &[&Type]) -> String {
     ts.iter()
@@ -401,77 +401,71 @@ pub fn infer_type(
             t
         }
         Op::PartitionId => Type::scalar(DType::I32),
-        Op::AllReduce { axes, .. } => {
-            group_size(axes)?;
-            if operands[0].dtype == DType::Bool {
-                return Err(err(format!(
-                    "cannot reduce {}; convert to a number first",
-                    operands[0]
-                )));
-            }
-            operands[0].clone()
-        }
-        Op::AllGather { dim, axes } => {
+        Op::Collective(Collective { kind, axes }) => {
             let k = group_size(axes)?;
             let x = operands[0];
-            if *dim >= x.rank() {
-                return Err(err(format!("dim {dim} out of range for {x}")));
-            }
-            let mut s = x.shape.clone();
-            s[*dim] *= k;
-            x.with_shape(s)
-        }
-        Op::ReduceScatter { dim, axes, .. } => {
-            let k = group_size(axes)?;
-            let x = operands[0];
-            if x.dtype == DType::Bool {
-                return Err(err(format!("cannot reduce {x}; convert to a number first")));
-            }
-            if *dim >= x.rank() || !x.shape[*dim].is_multiple_of(k) {
-                return Err(err(format!(
-                    "dim {dim} of {x} must exist and divide by the group size {k}"
-                )));
-            }
-            let mut s = x.shape.clone();
-            s[*dim] /= k;
-            x.with_shape(s)
-        }
-        Op::AllToAll {
-            split_dim,
-            concat_dim,
-            axes,
-        } => {
-            let k = group_size(axes)?;
-            let x = operands[0];
-            if *split_dim >= x.rank()
-                || *concat_dim >= x.rank()
-                || !x.shape[*split_dim].is_multiple_of(k)
-            {
-                return Err(err(format!(
-                    "split dim {split_dim} of {x} must exist and divide by the group size {k}"
-                )));
-            }
-            let mut s = x.shape.clone();
-            s[*split_dim] /= k;
-            s[*concat_dim] *= k;
-            x.with_shape(s)
-        }
-        Op::CollectivePermute { axes, pairs } => {
-            let k = group_size(axes)?;
-            let mut src = vec![false; k];
-            let mut dst = vec![false; k];
-            for &(a, b) in pairs {
-                if a >= k
-                    || b >= k
-                    || std::mem::replace(&mut src[a], true)
-                    || std::mem::replace(&mut dst[b], true)
-                {
-                    return Err(err(format!(
-                        "pairs {pairs:?} must be ranks < {k} with no repeated source or target"
-                    )));
+            match kind {
+                CollectiveKind::AllReduce { .. } => {
+                    if x.dtype == DType::Bool {
+                        return Err(err(format!("cannot reduce {x}; convert to a number first")));
+                    }
+                    x.clone()
+                }
+                CollectiveKind::AllGather { dim } => {
+                    if *dim >= x.rank() {
+                        return Err(err(format!("dim {dim} out of range for {x}")));
+                    }
+                    let mut s = x.shape.clone();
+                    s[*dim] *= k;
+                    x.with_shape(s)
+                }
+                CollectiveKind::ReduceScatter { dim, .. } => {
+                    if x.dtype == DType::Bool {
+                        return Err(err(format!("cannot reduce {x}; convert to a number first")));
+                    }
+                    if *dim >= x.rank() || !x.shape[*dim].is_multiple_of(k) {
+                        return Err(err(format!(
+                            "dim {dim} of {x} must exist and divide by the group size {k}"
+                        )));
+                    }
+                    let mut s = x.shape.clone();
+                    s[*dim] /= k;
+                    x.with_shape(s)
+                }
+                CollectiveKind::AllToAll {
+                    split_dim,
+                    concat_dim,
+                } => {
+                    if *split_dim >= x.rank()
+                        || *concat_dim >= x.rank()
+                        || !x.shape[*split_dim].is_multiple_of(k)
+                    {
+                        return Err(err(format!(
+                            "split dim {split_dim} of {x} must exist and divide by the group size {k}"
+                        )));
+                    }
+                    let mut s = x.shape.clone();
+                    s[*split_dim] /= k;
+                    s[*concat_dim] *= k;
+                    x.with_shape(s)
+                }
+                CollectiveKind::Permute { pairs } => {
+                    let mut src = vec![false; k];
+                    let mut dst = vec![false; k];
+                    for &(a, b) in pairs {
+                        if a >= k
+                            || b >= k
+                            || std::mem::replace(&mut src[a], true)
+                            || std::mem::replace(&mut dst[b], true)
+                        {
+                            return Err(err(format!(
+                                "pairs {pairs:?} must be ranks < {k} with no repeated source or target"
+                            )));
+                        }
+                    }
+                    x.clone()
                 }
             }
-            operands[0].clone()
         }
     };
     if let Some(d) = declared {

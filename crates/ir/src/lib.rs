@@ -20,6 +20,9 @@ pub use dtype::{strides, DType, Type};
 pub use error::{MeshError, ParseError, ShapeError, VerifyError};
 pub use infer::infer_type;
 pub use mesh::{Mesh, MeshAxis, Sharding};
-pub use op::{BinaryOp, CompareOp, DotDims, Literal, Op, ReduceOp, RngDist, UnaryOp};
+pub use op::{
+    BinaryOp, Collective, CollectiveKind, CompareOp, DotDims, Literal, Op, OpClass, ReduceOp,
+    RngDist, UnaryOp,
+};
 pub use program::{Instr, Program, ValueId};
 pub use verify::verify;

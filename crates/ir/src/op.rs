@@ -121,6 +121,83 @@ impl DotDims {
     }
 }
 
+/// A collective: what it does ([`CollectiveKind`]) and the mesh axes whose groups it runs
+/// over. The replica groups are `Mesh::groups(axes)`, so the program text does not grow
+/// with the device count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Collective {
+    pub kind: CollectiveKind,
+    pub axes: Vec<String>,
+}
+
+/// The collectives. Adding one means: its name and wire bytes here, its type in `infer`,
+/// its attributes in `text::attrs`, its transpose in autodiff, and its execution in the
+/// runtime (reference interpreter, communicator) and the MPI backend.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CollectiveKind {
+    /// Every member gets the reduction of the group's values.
+    AllReduce { op: ReduceOp },
+    /// Concatenate the group's values along `dim` in rank order.
+    AllGather { dim: usize },
+    /// Reduce over the group, then rank `r` keeps block `r` along `dim`.
+    ReduceScatter { op: ReduceOp, dim: usize },
+    /// Split along `split_dim` into k blocks, block j goes to rank j; received blocks are
+    /// concatenated along `concat_dim` in rank order.
+    AllToAll { split_dim: usize, concat_dim: usize },
+    /// Rank `src` sends to rank `dst` for each pair; a rank that receives nothing gets
+    /// zeros.
+    Permute { pairs: Vec<(usize, usize)> },
+}
+
+impl CollectiveKind {
+    /// The text-format name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CollectiveKind::AllReduce { .. } => "all_reduce",
+            CollectiveKind::AllGather { .. } => "all_gather",
+            CollectiveKind::ReduceScatter { .. } => "reduce_scatter",
+            CollectiveKind::AllToAll { .. } => "all_to_all",
+            CollectiveKind::Permute { .. } => "collective_permute",
+        }
+    }
+
+    /// Bytes one member sends for an operand of `b` bytes in a group of `k` (ring
+    /// all-reduce: `2 (k-1)/k` of the buffer; all-gather: its block to `k-1` peers;
+    /// reduce-scatter and all-to-all: `(k-1)/k`; permute: the whole buffer).
+    pub fn wire_bytes(&self, b: usize, k: usize) -> usize {
+        let k = k.max(1);
+        match self {
+            CollectiveKind::AllReduce { .. } => 2 * b * (k - 1) / k,
+            CollectiveKind::AllGather { .. } => b * (k - 1),
+            CollectiveKind::ReduceScatter { .. } | CollectiveKind::AllToAll { .. } => {
+                b * (k - 1) / k
+            }
+            CollectiveKind::Permute { .. } => b,
+        }
+    }
+}
+
+/// What kind of computation an op is. The properties passes ask about
+/// ([`Op::is_elementwise`], [`Op::is_collective`]) derive from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpClass {
+    /// Produces a value from attributes alone: parameter, constant, iota, rng, partition id.
+    Source,
+    /// Element `i` of the result depends only on element `i` of each operand.
+    Elementwise,
+    /// Moves or replicates elements without arithmetic: broadcast, reshape, transpose,
+    /// slices, pad, concatenate, reverse, dynamic update.
+    Layout,
+    /// Reductions and scans along dims: reduce, cumsum, argmax.
+    Reduction,
+    /// Contractions: dot products and convolution.
+    Contraction,
+    /// Data-dependent indexing: gather, scatter-add.
+    Indexing,
+    /// Communication between devices.
+    Collective,
+}
+
 /// An operation. Result types live on the instruction, not here; attributes that the result
 /// type already determines (the target shape of `reshape`, the dtype of `convert`) are not
 /// repeated.
@@ -234,34 +311,9 @@ pub enum Op {
     },
     /// The mesh position of the executing device, as an i32 scalar.
     PartitionId,
-    AllReduce {
-        op: ReduceOp,
-        axes: Vec<String>,
-    },
-    /// Concatenate the group's values along `dim` in rank order.
-    AllGather {
-        dim: usize,
-        axes: Vec<String>,
-    },
-    /// Reduce over the group, then rank `r` keeps block `r` along `dim`.
-    ReduceScatter {
-        op: ReduceOp,
-        dim: usize,
-        axes: Vec<String>,
-    },
-    /// Split along `split_dim` into k blocks, block j goes to rank j; received blocks are
-    /// concatenated along `concat_dim` in rank order.
-    AllToAll {
-        split_dim: usize,
-        concat_dim: usize,
-        axes: Vec<String>,
-    },
-    /// Within every group along `axes`, rank `src` sends to rank `dst` for each pair;
-    /// a rank that receives nothing gets zeros.
-    CollectivePermute {
-        axes: Vec<String>,
-        pairs: Vec<(usize, usize)>,
-    },
+    /// Communication between the devices of each group along `axes` (only present after
+    /// partitioning).
+    Collective(Collective),
 }
 
 impl Op {
@@ -296,28 +348,26 @@ impl Op {
             Op::ScatterAdd { .. } => "scatter_add",
             Op::Rng { .. } => "rng",
             Op::PartitionId => "partition_id",
-            Op::AllReduce { .. } => "all_reduce",
-            Op::AllGather { .. } => "all_gather",
-            Op::ReduceScatter { .. } => "reduce_scatter",
-            Op::AllToAll { .. } => "all_to_all",
-            Op::CollectivePermute { .. } => "collective_permute",
+            Op::Collective(c) => c.kind.name(),
         }
     }
 
-    /// Same-shape, position-wise ops (operands and result share one shape).
-    pub fn is_elementwise(&self) -> bool {
+    /// The op's class, from which [`Op::is_elementwise`] and [`Op::is_collective`] derive.
+    pub fn class(&self) -> OpClass {
         match self {
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Iota { .. }
+            | Op::Rng { .. }
+            | Op::PartitionId => OpClass::Source,
             Op::Unary(_)
             | Op::Binary(_)
             | Op::Compare(_)
             | Op::Select
             | Op::Convert
             | Op::StopGradient
-            | Op::Copy => true,
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Iota { .. }
-            | Op::Broadcast { .. }
+            | Op::Copy => OpClass::Elementwise,
+            Op::Broadcast { .. }
             | Op::Reshape
             | Op::Transpose { .. }
             | Op::Slice { .. }
@@ -325,61 +375,65 @@ impl Op {
             | Op::DynamicUpdateSlice
             | Op::Pad { .. }
             | Op::Concatenate { .. }
-            | Op::Reduce { .. }
-            | Op::DotGeneral(_)
-            | Op::Conv { .. }
-            | Op::Reverse { .. }
-            | Op::Cumsum { .. }
-            | Op::Argmax { .. }
-            | Op::Gather { .. }
-            | Op::ScatterAdd { .. }
-            | Op::Rng { .. }
-            | Op::PartitionId
-            | Op::AllReduce { .. }
-            | Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. } => false,
+            | Op::Reverse { .. } => OpClass::Layout,
+            Op::Reduce { .. } | Op::Cumsum { .. } | Op::Argmax { .. } => OpClass::Reduction,
+            Op::DotGeneral(_) | Op::Conv { .. } => OpClass::Contraction,
+            Op::Gather { .. } | Op::ScatterAdd { .. } => OpClass::Indexing,
+            Op::Collective(_) => OpClass::Collective,
         }
+    }
+
+    /// Same-shape, position-wise ops (operands and result share one shape).
+    pub fn is_elementwise(&self) -> bool {
+        self.class() == OpClass::Elementwise
     }
 
     /// Ops that communicate between devices (only present after partitioning).
     pub fn is_collective(&self) -> bool {
-        match self {
-            Op::AllReduce { .. }
-            | Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. } => true,
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Iota { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Convert
-            | Op::StopGradient
-            | Op::Copy
-            | Op::Broadcast { .. }
-            | Op::Reshape
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice
-            | Op::Pad { .. }
-            | Op::Concatenate { .. }
-            | Op::Reduce { .. }
-            | Op::DotGeneral(_)
-            | Op::Conv { .. }
-            | Op::Reverse { .. }
-            | Op::Cumsum { .. }
-            | Op::Argmax { .. }
-            | Op::Gather { .. }
-            | Op::ScatterAdd { .. }
-            | Op::Rng { .. }
-            | Op::PartitionId => false,
+        self.class() == OpClass::Collective
+    }
+
+    /// The collective, if this op is one.
+    pub fn as_collective(&self) -> Option<&Collective> {
+        if let Op::Collective(c) = self {
+            Some(c)
+        } else {
+            None
         }
+    }
+
+    /// `all_reduce` over `axes`.
+    pub fn all_reduce(op: ReduceOp, axes: Vec<String>) -> Op {
+        Op::collective(CollectiveKind::AllReduce { op }, axes)
+    }
+
+    /// `all_gather` along `dim` over `axes`.
+    pub fn all_gather(dim: usize, axes: Vec<String>) -> Op {
+        Op::collective(CollectiveKind::AllGather { dim }, axes)
+    }
+
+    /// `reduce_scatter` along `dim` over `axes`.
+    pub fn reduce_scatter(op: ReduceOp, dim: usize, axes: Vec<String>) -> Op {
+        Op::collective(CollectiveKind::ReduceScatter { op, dim }, axes)
+    }
+
+    /// `all_to_all` from `split_dim` to `concat_dim` over `axes`.
+    pub fn all_to_all(split_dim: usize, concat_dim: usize, axes: Vec<String>) -> Op {
+        let kind = CollectiveKind::AllToAll {
+            split_dim,
+            concat_dim,
+        };
+        Op::collective(kind, axes)
+    }
+
+    /// `collective_permute` of `pairs` (source rank, target rank) over `axes`.
+    pub fn collective_permute(axes: Vec<String>, pairs: Vec<(usize, usize)>) -> Op {
+        Op::collective(CollectiveKind::Permute { pairs }, axes)
+    }
+
+    /// A collective of `kind` over `axes`.
+    pub fn collective(kind: CollectiveKind, axes: Vec<String>) -> Op {
+        Op::Collective(Collective { kind, axes })
     }
 
     /// Bytes one device sends to the other members of its group for this collective on an
@@ -388,80 +442,13 @@ impl Op {
     /// `(k-1)/k`; collective-permute: the whole buffer). 0 for every other op. The one
     /// formula behind `gshard inspect`'s analytic counts and the executor's measured ones.
     pub fn wire_bytes(&self, operand_bytes: usize, k: usize) -> usize {
-        let (b, k) = (operand_bytes, k.max(1));
-        match self {
-            Op::AllReduce { .. } => 2 * b * (k - 1) / k,
-            Op::AllGather { .. } => b * (k - 1),
-            Op::ReduceScatter { .. } | Op::AllToAll { .. } => b * (k - 1) / k,
-            Op::CollectivePermute { .. } => b,
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Iota { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Convert
-            | Op::StopGradient
-            | Op::Copy
-            | Op::Broadcast { .. }
-            | Op::Reshape
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice
-            | Op::Pad { .. }
-            | Op::Concatenate { .. }
-            | Op::Reduce { .. }
-            | Op::DotGeneral(_)
-            | Op::Conv { .. }
-            | Op::Reverse { .. }
-            | Op::Cumsum { .. }
-            | Op::Argmax { .. }
-            | Op::Gather { .. }
-            | Op::ScatterAdd { .. }
-            | Op::Rng { .. }
-            | Op::PartitionId => 0,
-        }
+        self.as_collective()
+            .map_or(0, |c| c.kind.wire_bytes(operand_bytes, k))
     }
 
     /// The mesh axes a collective communicates over.
     pub fn collective_axes(&self) -> Option<&[String]> {
-        match self {
-            Op::AllReduce { axes, .. }
-            | Op::AllGather { axes, .. }
-            | Op::ReduceScatter { axes, .. }
-            | Op::AllToAll { axes, .. }
-            | Op::CollectivePermute { axes, .. } => Some(axes),
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Iota { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Convert
-            | Op::StopGradient
-            | Op::Copy
-            | Op::Broadcast { .. }
-            | Op::Reshape
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice
-            | Op::Pad { .. }
-            | Op::Concatenate { .. }
-            | Op::Reduce { .. }
-            | Op::DotGeneral(_)
-            | Op::Conv { .. }
-            | Op::Reverse { .. }
-            | Op::Cumsum { .. }
-            | Op::Argmax { .. }
-            | Op::Gather { .. }
-            | Op::ScatterAdd { .. }
-            | Op::Rng { .. }
-            | Op::PartitionId => None,
-        }
+        self.as_collective().map(|c| c.axes.as_slice())
     }
 
     /// Ops whose result depends on which device runs them (illegal before partitioning
@@ -488,11 +475,7 @@ impl Op {
             | Op::Reduce { .. }
             | Op::Cumsum { .. }
             | Op::Argmax { .. }
-            | Op::AllReduce { .. }
-            | Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. } => Some(1),
+            | Op::Collective(_) => Some(1),
             Op::Binary(_)
             | Op::Compare(_)
             | Op::Pad { .. }

@@ -7,8 +7,8 @@
 
 use ir::text::{parse, print};
 use ir::{
-    infer_type, verify, BinaryOp, CompareOp, DType, DotDims, Instr, Literal, Mesh, Op, Program,
-    ReduceOp, RngDist, Sharding, Type, UnaryOp, ValueId,
+    infer_type, verify, BinaryOp, CollectiveKind, CompareOp, DType, DotDims, Instr, Literal, Mesh,
+    Op, Program, ReduceOp, RngDist, Sharding, Type, UnaryOp, ValueId,
 };
 use proptest::prelude::*;
 
@@ -86,11 +86,13 @@ fn kind_of(op: &Op) -> usize {
         Op::ScatterAdd { .. } => 23,
         Op::Rng { .. } => 24,
         Op::PartitionId => 25,
-        Op::AllReduce { .. } => 26,
-        Op::AllGather { .. } => 27,
-        Op::ReduceScatter { .. } => 28,
-        Op::AllToAll { .. } => 29,
-        Op::CollectivePermute { .. } => 30,
+        Op::Collective(c) => match c.kind {
+            CollectiveKind::AllReduce { .. } => 26,
+            CollectiveKind::AllGather { .. } => 27,
+            CollectiveKind::ReduceScatter { .. } => 28,
+            CollectiveKind::AllToAll { .. } => 29,
+            CollectiveKind::Permute { .. } => 30,
+        },
         Op::Conv { .. } => 31,
         Op::Reverse { .. } => 32,
     }
@@ -526,17 +528,14 @@ impl Gen {
             (25, _) => self.push(Op::PartitionId, vec![], None),
             (26, Some(m)) => {
                 let x = self.operand(r, &NUMERIC, 0);
-                let op = Op::AllReduce {
-                    op: r.pick(&ReduceOp::ALL),
-                    axes: rand_axes(r, m),
-                };
+                let op = Op::all_reduce(r.pick(&ReduceOp::ALL), rand_axes(r, m));
                 self.push(op, vec![x], None)
             }
             (27, Some(m)) => {
                 let x = self.operand(r, &DType::ALL, 1);
                 let dim = r.below(self.ty(x).rank());
                 let axes = rand_axes(r, m);
-                self.push(Op::AllGather { dim, axes }, vec![x], None)
+                self.push(Op::all_gather(dim, axes), vec![x], None)
             }
             (28 | 29, Some(m)) => {
                 // A dim that divides by the group size k; reductions need numbers.
@@ -559,17 +558,9 @@ impl Gen {
                     .collect();
                 let dim = r.pick(&divisible);
                 let op = if kind == 28 {
-                    Op::ReduceScatter {
-                        op: r.pick(&ReduceOp::ALL),
-                        dim,
-                        axes,
-                    }
+                    Op::reduce_scatter(r.pick(&ReduceOp::ALL), dim, axes)
                 } else {
-                    Op::AllToAll {
-                        split_dim: dim,
-                        concat_dim: r.below(xt.rank()),
-                        axes,
-                    }
+                    Op::all_to_all(dim, r.below(xt.rank()), axes)
                 };
                 self.push(op, vec![x], None)
             }
@@ -583,7 +574,7 @@ impl Gen {
                 r.shuffle(&mut dst);
                 let n = r.below(k + 1);
                 let pairs = src.into_iter().zip(dst).take(n).collect();
-                self.push(Op::CollectivePermute { axes, pairs }, vec![x], None)
+                self.push(Op::collective_permute(axes, pairs), vec![x], None)
             }
             (31, _) => {
                 // lhs [N, S.., Cin] of 1-2 spatial dims, kernel [K.., Cin, Cout].

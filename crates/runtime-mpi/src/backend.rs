@@ -4,7 +4,7 @@
 //! so that sub-communicator rank = group rank), under a watchdog.
 
 use crate::{MpiError, Options};
-use ir::{Mesh, Op};
+use ir::{Collective, CollectiveKind, Mesh, Op};
 use mpi::datatype::Partition;
 use mpi::datatype::PartitionMut;
 use mpi::environment::Universe;
@@ -420,21 +420,20 @@ impl Communicator for MpiComm {
                 local.len()
             )));
         }
-        let axes = op
-            .collective_axes()
-            .ok_or_else(|| fail("not a collective".into()))?
-            .to_vec();
+        let Collective { kind, axes } = op
+            .as_collective()
+            .ok_or_else(|| fail("not a collective".into()))?;
         let x = local.remove(0);
         let ty = x.ty.clone();
         let shape = ty.shape.clone();
         let w = ty.dtype.size_bytes();
         let mut st = self.lock();
-        let (c, r, k) = st.group(mesh, &axes, self.rank).map_err(fail)?;
+        let (c, r, k) = st.group(mesh, axes, self.rank).map_err(fail)?;
         let _watch = self
             .watch
             .guard(format!("{} at instruction %{index}", op.name()));
-        let out = match op {
-            Op::AllReduce { op: red, .. } => {
+        let out = match kind {
+            CollectiveKind::AllReduce { op: red } => {
                 let n = x.data.len();
                 let bounds: Vec<(usize, usize)> =
                     (0..k).map(|j| (j * n / k, (j + 1) * n / k)).collect();
@@ -455,7 +454,7 @@ impl Communicator for MpiComm {
                     data,
                 }
             }
-            Op::ReduceScatter { dim, op: red, .. } => {
+            CollectiveKind::ReduceScatter { dim, op: red } => {
                 let m = shape[*dim] / k;
                 let mut os = shape.clone();
                 os[*dim] = m;
@@ -471,7 +470,7 @@ impl Communicator for MpiComm {
                     data: reduce_stacked(&stacked, k, *red),
                 }
             }
-            Op::AllGather { dim, .. } => {
+            CollectiveKind::AllGather { dim } => {
                 let piece = x.data.len() * w;
                 let mut os = shape.clone();
                 os[*dim] *= k;
@@ -505,10 +504,9 @@ impl Communicator for MpiComm {
                     data,
                 }
             }
-            Op::AllToAll {
+            CollectiveKind::AllToAll {
                 split_dim,
                 concat_dim,
-                ..
             } => {
                 let m = shape[*split_dim] / k;
                 let mut bs = shape.clone();
@@ -548,7 +546,7 @@ impl Communicator for MpiComm {
                     data: out,
                 }
             }
-            Op::CollectivePermute { pairs, .. } => {
+            CollectiveKind::Permute { pairs } => {
                 // Receiver d takes the first pair naming it (the in-process rule), so a
                 // source sends only along the pair that will be taken.
                 let first_src = |d: usize| pairs.iter().find(|&&(_, dst)| dst == d).map(|p| p.0);
@@ -576,34 +574,6 @@ impl Communicator for MpiComm {
                     data,
                 }
             }
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Iota { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Convert
-            | Op::StopGradient
-            | Op::Copy
-            | Op::Broadcast { .. }
-            | Op::Reshape
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice
-            | Op::Pad { .. }
-            | Op::Concatenate { .. }
-            | Op::Reduce { .. }
-            | Op::DotGeneral(_)
-            | Op::Conv { .. }
-            | Op::Reverse { .. }
-            | Op::Cumsum { .. }
-            | Op::Argmax { .. }
-            | Op::Gather { .. }
-            | Op::ScatterAdd { .. }
-            | Op::Rng { .. }
-            | Op::PartitionId => return Err(fail("not a collective".into())),
         };
         Ok(vec![out])
     }

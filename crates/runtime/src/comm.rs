@@ -23,7 +23,7 @@ use crate::kernels::reduce::{fmax, fmin};
 use crate::kernels::{strides, zeros};
 use crate::tensor::{f64_to_bf16, Data, HostTensor};
 use crate::with_data2;
-use ir::{Mesh, Op, ReduceOp, Type};
+use ir::{Collective, CollectiveKind, Mesh, Op, ReduceOp, Type};
 use rayon::prelude::*;
 use thiserror::Error;
 
@@ -375,40 +375,12 @@ fn reduce_float<T: Copy + Send + Sync>(
 }
 
 /// The reduction a collective applies (all-reduce and reduce-scatter).
-fn reduction_of(op: &Op) -> Option<ReduceOp> {
-    match op {
-        Op::AllReduce { op, .. } | Op::ReduceScatter { op, .. } => Some(*op),
-        Op::AllGather { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. }
-        | Op::Parameter { .. }
-        | Op::Constant { .. }
-        | Op::Iota { .. }
-        | Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::Convert
-        | Op::StopGradient
-        | Op::Copy
-        | Op::Broadcast { .. }
-        | Op::Reshape
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice
-        | Op::Pad { .. }
-        | Op::Concatenate { .. }
-        | Op::Reduce { .. }
-        | Op::DotGeneral(_)
-        | Op::Conv { .. }
-        | Op::Reverse { .. }
-        | Op::Cumsum { .. }
-        | Op::Argmax { .. }
-        | Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::Rng { .. }
-        | Op::PartitionId => None,
+fn reduction_of(kind: &CollectiveKind) -> Option<ReduceOp> {
+    match kind {
+        CollectiveKind::AllReduce { op } | CollectiveKind::ReduceScatter { op, .. } => Some(*op),
+        CollectiveKind::AllGather { .. }
+        | CollectiveKind::AllToAll { .. }
+        | CollectiveKind::Permute { .. } => None,
     }
 }
 
@@ -541,11 +513,13 @@ pub unsafe fn place_all_to_all(
     x: &Data,
     sinks: &Sinks,
 ) -> Result<(), String> {
-    let Op::AllToAll {
-        split_dim,
-        concat_dim,
+    let Some(Collective {
+        kind: CollectiveKind::AllToAll {
+            split_dim,
+            concat_dim,
+        },
         axes,
-    } = op
+    }) = op.as_collective()
     else {
         return Err(format!("{} is not an all-to-all", op.name()));
     };
@@ -723,7 +697,11 @@ impl Communicator for InProcess {
         local: Vec<HostTensor>,
         perm: &[usize],
     ) -> Result<Vec<HostTensor>, CommError> {
-        if let Op::AllToAll { .. } = op {
+        if let Some(Collective {
+            kind: CollectiveKind::AllToAll { .. },
+            ..
+        }) = op.as_collective()
+        {
             return self.run(index, op, mesh, local, Some(perm));
         }
         Ok(all_transposed(
@@ -755,8 +733,8 @@ impl InProcess {
                 mesh.num_devices()
             )));
         }
-        let axes = op
-            .collective_axes()
+        let Collective { kind, axes } = op
+            .as_collective()
             .ok_or_else(|| fail("not a collective".into()))?;
         let groups = mesh.groups(axes);
         let ty = local[0].ty.clone();
@@ -771,7 +749,7 @@ impl InProcess {
         let small = ty.num_elements() < crate::exec::SMALL_COLLECTIVE;
         let reduce = |g: &Vec<usize>| {
             let xs: Vec<&Data> = g.iter().map(|&d| &local[d].data).collect();
-            reduction_of(op).map(|r| reduce_group(&xs, r))
+            reduction_of(kind).map(|r| reduce_group(&xs, r))
         };
         let reduced: Vec<Option<Data>> = if small {
             groups.iter().map(reduce).collect()
@@ -787,7 +765,7 @@ impl InProcess {
             }
             v
         };
-        if let Op::AllReduce { .. } = op {
+        if let CollectiveKind::AllReduce { .. } = kind {
             // Each member's sum lands in its own operand buffer (just written by the
             // device, warm, and the collective's to keep), not in a fresh one: a gradient
             // all-reduce below the kept-buffer size otherwise faults in new pages for every
@@ -809,9 +787,11 @@ impl InProcess {
             let red = || reduced[group_of[dev]].as_ref().expect("reduced above");
             let k = g.len();
             let shape = &ty.shape;
-            let t = match op {
-                Op::AllReduce { .. } => unreachable!("all-reduce results are written above"),
-                Op::AllGather { dim, .. } => {
+            let t = match kind {
+                CollectiveKind::AllReduce { .. } => {
+                    unreachable!("all-reduce results are written above")
+                }
+                CollectiveKind::AllGather { dim } => {
                     let mut os = shape.clone();
                     os[*dim] *= k;
                     let mut out = self.overwritten(ty.dtype, os.iter().product());
@@ -833,7 +813,7 @@ impl InProcess {
                         data: out,
                     }
                 }
-                Op::ReduceScatter { dim, .. } => {
+                CollectiveKind::ReduceScatter { dim, .. } => {
                     let full = red();
                     let m = shape[*dim] / k;
                     let mut os = shape.clone();
@@ -845,10 +825,9 @@ impl InProcess {
                         data: out,
                     }
                 }
-                Op::AllToAll {
+                CollectiveKind::AllToAll {
                     split_dim,
                     concat_dim,
-                    ..
                 } => {
                     let l = A2aLayout::new(shape, *split_dim, *concat_dim, k, a2a_perm);
                     // Every element is written: block `j` lands at `j` along `concat_dim`.
@@ -862,7 +841,7 @@ impl InProcess {
                         data: out,
                     }
                 }
-                Op::CollectivePermute { pairs, .. } => {
+                CollectiveKind::Permute { pairs } => {
                     match pairs.iter().find(|&&(_, dst)| dst == r) {
                         Some(&(src, _)) => HostTensor {
                             ty: ty.clone(),
@@ -874,34 +853,6 @@ impl InProcess {
                         },
                     }
                 }
-                Op::Parameter { .. }
-                | Op::Constant { .. }
-                | Op::Iota { .. }
-                | Op::Unary(_)
-                | Op::Binary(_)
-                | Op::Compare(_)
-                | Op::Select
-                | Op::Convert
-                | Op::StopGradient
-                | Op::Copy
-                | Op::Broadcast { .. }
-                | Op::Reshape
-                | Op::Transpose { .. }
-                | Op::Slice { .. }
-                | Op::DynamicSlice { .. }
-                | Op::DynamicUpdateSlice
-                | Op::Pad { .. }
-                | Op::Concatenate { .. }
-                | Op::Reduce { .. }
-                | Op::DotGeneral(_)
-                | Op::Conv { .. }
-                | Op::Reverse { .. }
-                | Op::Cumsum { .. }
-                | Op::Argmax { .. }
-                | Op::Gather { .. }
-                | Op::ScatterAdd { .. }
-                | Op::Rng { .. }
-                | Op::PartitionId => unreachable!("collective_axes() is Some"),
             };
             (dev, t)
         };

@@ -46,14 +46,7 @@ fn all_reduce_sum_max_min_on_x2() {
         (ReduceOp::Max, [10.0, -2.0]),
         (ReduceOp::Min, [1.0, -16.0]),
     ] {
-        let p = one_op(
-            "x=2",
-            &[2],
-            Op::AllReduce {
-                op,
-                axes: axes(&["x"]),
-            },
-        );
+        let p = one_op("x=2", &[2], Op::all_reduce(op, axes(&["x"])));
         let ys = spmd(&p, &[2], |d| {
             if d == 0 {
                 vec![1.0, -2.0]
@@ -69,27 +62,13 @@ fn all_reduce_sum_max_min_on_x2() {
 
 #[test]
 fn all_gather_on_x4_along_each_dim() {
-    let p = one_op(
-        "x=4",
-        &[1, 2],
-        Op::AllGather {
-            dim: 0,
-            axes: axes(&["x"]),
-        },
-    );
+    let p = one_op("x=4", &[1, 2], Op::all_gather(0, axes(&["x"])));
     let ys = spmd(&p, &[1, 2], |d| vec![d as f32, 10.0 + d as f32]);
     for y in &ys {
         assert_eq!(y.shape(), &[4, 2]);
         assert_eq!(y.to_f64_vec(), vec![0., 10., 1., 11., 2., 12., 3., 13.]);
     }
-    let p = one_op(
-        "x=4",
-        &[1, 2],
-        Op::AllGather {
-            dim: 1,
-            axes: axes(&["x"]),
-        },
-    );
+    let p = one_op("x=4", &[1, 2], Op::all_gather(1, axes(&["x"])));
     let ys = spmd(&p, &[1, 2], |d| vec![d as f32, 10.0 + d as f32]);
     for y in &ys {
         assert_eq!(y.shape(), &[1, 8]);
@@ -102,11 +81,7 @@ fn reduce_scatter_on_x2() {
     let p = one_op(
         "x=2",
         &[4],
-        Op::ReduceScatter {
-            op: ReduceOp::Sum,
-            dim: 0,
-            axes: axes(&["x"]),
-        },
+        Op::reduce_scatter(ReduceOp::Sum, 0, axes(&["x"])),
     );
     let ys = spmd(&p, &[4], |d| {
         (0..4).map(|i| (i + 1) as f32 * (d + 1) as f32).collect()
@@ -121,11 +96,7 @@ fn reduce_scatter_max_on_x4_dim1() {
     let p = one_op(
         "x=4",
         &[1, 4],
-        Op::ReduceScatter {
-            op: ReduceOp::Max,
-            dim: 1,
-            axes: axes(&["x"]),
-        },
+        Op::reduce_scatter(ReduceOp::Max, 1, axes(&["x"])),
     );
     // Device d holds [d, -d, 2d % 5, 3 - d].
     let ys = spmd(&p, &[1, 4], |d| {
@@ -143,15 +114,7 @@ fn reduce_scatter_max_on_x4_dim1() {
 #[test]
 fn all_to_all_spec_example() {
     // XLA's example: 4 ranks, f32[4,16], split 1, concat 0 -> f32[16,4].
-    let p = one_op(
-        "x=4",
-        &[4, 16],
-        Op::AllToAll {
-            split_dim: 1,
-            concat_dim: 0,
-            axes: axes(&["x"]),
-        },
-    );
+    let p = one_op("x=4", &[4, 16], Op::all_to_all(1, 0, axes(&["x"])));
     let val = |d: usize, i: usize, j: usize| (1000 * d + 16 * i + j) as f32;
     let ys = spmd(&p, &[4, 16], |d| {
         (0..64).map(|e| val(d, e / 16, e % 16)).collect()
@@ -172,15 +135,7 @@ fn all_to_all_spec_example() {
 
 #[test]
 fn all_to_all_same_split_and_concat_dim() {
-    let p = one_op(
-        "x=2",
-        &[4],
-        Op::AllToAll {
-            split_dim: 0,
-            concat_dim: 0,
-            axes: axes(&["x"]),
-        },
-    );
+    let p = one_op("x=2", &[4], Op::all_to_all(0, 0, axes(&["x"])));
     let ys = spmd(&p, &[4], |d| (0..4).map(|i| (10 * d + i) as f32).collect());
     assert_eq!(ys[0].to_f64_vec(), vec![0., 1., 10., 11.]);
     assert_eq!(ys[1].to_f64_vec(), vec![2., 3., 12., 13.]);
@@ -191,10 +146,7 @@ fn collective_permute_shift_gives_zeros_to_non_receivers() {
     let p = one_op(
         "x=4",
         &[2],
-        Op::CollectivePermute {
-            axes: axes(&["x"]),
-            pairs: vec![(0, 1), (1, 2), (2, 3)],
-        },
+        Op::collective_permute(axes(&["x"]), vec![(0, 1), (1, 2), (2, 3)]),
     );
     let ys = spmd(&p, &[2], |d| vec![d as f32 + 1.0, -(d as f32) - 1.0]);
     assert_eq!(ys[0].to_f64_vec(), vec![0., 0.]);
@@ -209,10 +161,7 @@ fn collective_permute_cycle_within_groups_of_2x2() {
     let p = one_op(
         "a=2,b=2",
         &[1],
-        Op::CollectivePermute {
-            axes: axes(&["b"]),
-            pairs: vec![(0, 1), (1, 0)],
-        },
+        Op::collective_permute(axes(&["b"]), vec![(0, 1), (1, 0)]),
     );
     let ys = spmd(&p, &[1], |d| vec![d as f32]);
     let got: Vec<f64> = ys.iter().map(|y| y.to_f64_vec()[0]).collect();
@@ -223,27 +172,13 @@ fn collective_permute_cycle_within_groups_of_2x2() {
 fn all_reduce_along_one_axis_of_2x2() {
     // Positions: (a, b) -> 2a + b. Along a: {0,2}, {1,3}. Along b: {0,1}, {2,3}.
     let f = |d: usize| vec![1u32.wrapping_shl(d as u32) as f32];
-    let p = one_op(
-        "a=2,b=2",
-        &[1],
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes(&["a"]),
-        },
-    );
+    let p = one_op("a=2,b=2", &[1], Op::all_reduce(ReduceOp::Sum, axes(&["a"])));
     let got: Vec<f64> = spmd(&p, &[1], f)
         .iter()
         .map(|y| y.to_f64_vec()[0])
         .collect();
     assert_eq!(got, vec![5., 10., 5., 10.]);
-    let p = one_op(
-        "a=2,b=2",
-        &[1],
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes(&["b"]),
-        },
-    );
+    let p = one_op("a=2,b=2", &[1], Op::all_reduce(ReduceOp::Sum, axes(&["b"])));
     let got: Vec<f64> = spmd(&p, &[1], f)
         .iter()
         .map(|y| y.to_f64_vec()[0])
@@ -252,10 +187,7 @@ fn all_reduce_along_one_axis_of_2x2() {
     let p = one_op(
         "a=2,b=2",
         &[1],
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes(&["a", "b"]),
-        },
+        Op::all_reduce(ReduceOp::Sum, axes(&["a", "b"])),
     );
     let got: Vec<f64> = spmd(&p, &[1], f)
         .iter()
@@ -272,14 +204,7 @@ fn all_gather_rank_order_follows_listed_axes() {
         (vec!["b", "a"], vec![0., 2., 1., 3.]),
         (vec!["a"], vec![]),
     ] {
-        let p = one_op(
-            "a=2,b=2",
-            &[1],
-            Op::AllGather {
-                dim: 0,
-                axes: axes(&ax),
-            },
-        );
+        let p = one_op("a=2,b=2", &[1], Op::all_gather(0, axes(&ax)));
         let ys = spmd(&p, &[1], |d| vec![d as f32]);
         if ax == ["a"] {
             // Groups {0,2} and {1,3}.
@@ -297,15 +222,7 @@ fn all_gather_rank_order_follows_listed_axes() {
 
 #[test]
 fn all_to_all_along_b_of_2x2() {
-    let p = one_op(
-        "a=2,b=2",
-        &[2],
-        Op::AllToAll {
-            split_dim: 0,
-            concat_dim: 0,
-            axes: axes(&["b"]),
-        },
-    );
+    let p = one_op("a=2,b=2", &[2], Op::all_to_all(0, 0, axes(&["b"])));
     let ys = spmd(&p, &[2], |d| vec![10.0 * d as f32, 10.0 * d as f32 + 1.0]);
     // Group {0,1}: rank 0 gets [x0[0], x1[0]] = [0, 10]; rank 1 gets [1, 11].
     assert_eq!(ys[0].to_f64_vec(), vec![0., 10.]);
@@ -328,14 +245,7 @@ fn partition_id_is_the_mesh_position() {
 fn integer_all_reduce_wraps() {
     let b = Builder::with_mesh(Mesh::parse_spec("x=2").unwrap());
     let x = b.param("x", Type::new(DType::I32, vec![1]));
-    let y = b.emit(
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes(&["x"]),
-        },
-        &[&x],
-        None,
-    );
+    let y = b.emit(Op::all_reduce(ReduceOp::Sum, axes(&["x"])), &[&x], None);
     b.output("y", &y);
     let p = b.finish();
     let ins = vec![
@@ -348,28 +258,14 @@ fn integer_all_reduce_wraps() {
 
 #[test]
 fn run_allows_collectives_over_size_one_axes() {
-    let p = one_op(
-        "a=1,b=3",
-        &[2],
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes(&["a"]),
-        },
-    );
+    let p = one_op("a=1,b=3", &[2], Op::all_reduce(ReduceOp::Sum, axes(&["a"])));
     let r = run(
         &p,
         &inputs(vec![("x", HostTensor::from_f32(vec![2], vec![1., 2.]))]),
     )
     .unwrap();
     assert_eq!(r["y"].to_f64_vec(), vec![1., 2.]);
-    let p = one_op(
-        "x=1",
-        &[2],
-        Op::AllGather {
-            dim: 0,
-            axes: axes(&["x"]),
-        },
-    );
+    let p = one_op("x=1", &[2], Op::all_gather(0, axes(&["x"])));
     let r = run(
         &p,
         &inputs(vec![("x", HostTensor::from_f32(vec![2], vec![1., 2.]))]),
@@ -380,14 +276,7 @@ fn run_allows_collectives_over_size_one_axes() {
 
 #[test]
 fn run_rejects_collectives_over_real_axes() {
-    let p = one_op(
-        "x=2",
-        &[2],
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes(&["x"]),
-        },
-    );
+    let p = one_op("x=2", &[2], Op::all_reduce(ReduceOp::Sum, axes(&["x"])));
     let e = run(
         &p,
         &inputs(vec![("x", HostTensor::from_f32(vec![2], vec![1., 2.]))]),
@@ -402,14 +291,7 @@ fn run_rejects_collectives_over_real_axes() {
 
 #[test]
 fn run_spmd_checks_the_device_count() {
-    let p = one_op(
-        "x=4",
-        &[2],
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes(&["x"]),
-        },
-    );
+    let p = one_op("x=4", &[2], Op::all_reduce(ReduceOp::Sum, axes(&["x"])));
     let e = run_spmd(&p, &vec![HashMap::new(); 3]).unwrap_err();
     assert_eq!(
         e,
@@ -423,14 +305,7 @@ fn run_spmd_checks_the_device_count() {
 
 #[test]
 fn run_spmd_names_the_device_of_a_missing_input() {
-    let p = one_op(
-        "x=2",
-        &[2],
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes(&["x"]),
-        },
-    );
+    let p = one_op("x=2", &[2], Op::all_reduce(ReduceOp::Sum, axes(&["x"])));
     let ins = vec![
         inputs(vec![("x", HostTensor::from_f32(vec![2], vec![1., 2.]))]),
         HashMap::new(),
@@ -475,10 +350,7 @@ fn collective_without_mesh_is_an_error() {
         sharding: None,
     });
     let y = p.push(ir::Instr {
-        op: Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes(&["x"]),
-        },
+        op: Op::all_reduce(ReduceOp::Sum, axes(&["x"])),
         operands: vec![x],
         ty: Type::new(DType::F32, vec![2]),
         sharding: None,
@@ -541,14 +413,7 @@ fn dot_all_reduce_transpose_sums_in_the_transposed_layout() {
             rhs_contract: vec![0],
         },
     );
-    let r = b.emit(
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes(&["x"]),
-        },
-        &[&d],
-        None,
-    );
+    let r = b.emit(Op::all_reduce(ReduceOp::Sum, axes(&["x"])), &[&d], None);
     let t = r.transpose(&[1, 0]);
     b.output("t", &t);
     let p = b.finish();
@@ -603,15 +468,7 @@ fn all_to_all_of_whole_lines_is_the_reference() {
     let shape = [4usize, 64, 128];
     let b = ir::Builder::with_mesh(Mesh::parse_spec("x=4").unwrap());
     let x = b.param("x", Type::new(DType::F32, shape.to_vec()));
-    let y = b.emit(
-        Op::AllToAll {
-            split_dim: 0,
-            concat_dim: 1,
-            axes: axes(&["x"]),
-        },
-        &[&x],
-        None,
-    );
+    let y = b.emit(Op::all_to_all(0, 1, axes(&["x"])), &[&x], None);
     // A reader, so that the result is placed by the senders before its round.
     let z = y.transpose(&[1, 0, 2]);
     b.output("z", &z);
@@ -650,10 +507,7 @@ fn thousands_of_devices_run_to_the_end() {
     let p = one_op(
         &format!("x={n}"),
         &[4],
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: axes(&["x"]),
-        },
+        Op::all_reduce(ReduceOp::Sum, axes(&["x"])),
     );
     let ins: Vec<HashMap<String, HostTensor>> = (0..n)
         .map(|d| {
@@ -684,17 +538,7 @@ fn concurrent_split_runs_finish_and_agree() {
     let b = ir::Builder::with_mesh(Mesh::parse_spec("x=4").unwrap());
     let x = b.param("x", Type::new(DType::F32, vec![4, 128, 128]));
     let w = b.param("w", Type::new(DType::F32, vec![4, 128, 128]));
-    let a2a = |v: &ir::Value| {
-        b.emit(
-            Op::AllToAll {
-                split_dim: 0,
-                concat_dim: 0,
-                axes: axes(&["x"]),
-            },
-            &[v],
-            None,
-        )
-    };
+    let a2a = |v: &ir::Value| b.emit(Op::all_to_all(0, 0, axes(&["x"])), &[v], None);
     let xs = a2a(&x);
     let h = xs.dot_general(
         &w,

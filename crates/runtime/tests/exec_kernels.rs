@@ -1028,62 +1028,21 @@ fn collectives_match_the_reference_exactly() {
             for op in ReduceOp::ALL {
                 b.output(
                     &format!("ar_{}", op.name()),
-                    &b.emit(
-                        Op::AllReduce {
-                            op,
-                            axes: axes.clone(),
-                        },
-                        &[&x],
-                        None,
-                    ),
+                    &b.emit(Op::all_reduce(op, axes.clone()), &[&x], None),
                 );
                 b.output(
                     &format!("rs_{}", op.name()),
-                    &b.emit(
-                        Op::ReduceScatter {
-                            op,
-                            dim: 1,
-                            axes: axes.clone(),
-                        },
-                        &[&x],
-                        None,
-                    ),
+                    &b.emit(Op::reduce_scatter(op, 1, axes.clone()), &[&x], None),
                 );
             }
-            b.output(
-                "ag",
-                &b.emit(
-                    Op::AllGather {
-                        dim: 2,
-                        axes: axes.clone(),
-                    },
-                    &[&x],
-                    None,
-                ),
-            );
+            b.output("ag", &b.emit(Op::all_gather(2, axes.clone()), &[&x], None));
             b.output(
                 "a2a",
-                &b.emit(
-                    Op::AllToAll {
-                        split_dim: 1,
-                        concat_dim: 0,
-                        axes: axes.clone(),
-                    },
-                    &[&x],
-                    None,
-                ),
+                &b.emit(Op::all_to_all(1, 0, axes.clone()), &[&x], None),
             );
             b.output(
                 "a2a_same",
-                &b.emit(
-                    Op::AllToAll {
-                        split_dim: 1,
-                        concat_dim: 1,
-                        axes: axes.clone(),
-                    },
-                    &[&x],
-                    None,
-                ),
+                &b.emit(Op::all_to_all(1, 1, axes.clone()), &[&x], None),
             );
             // All-to-alls read only by a transpose: written in the transposed layout (the
             // first two; the third moves the last dim, and stays a separate transpose).
@@ -1093,11 +1052,7 @@ fn collectives_match_the_reference_exactly() {
                 ("a2a_t3", 0, 2, vec![2, 0, 1]),
             ] {
                 let a = b.emit(
-                    Op::AllToAll {
-                        split_dim,
-                        concat_dim,
-                        axes: axes.clone(),
-                    },
+                    Op::all_to_all(split_dim, concat_dim, axes.clone()),
                     &[&x],
                     None,
                 );
@@ -1106,14 +1061,7 @@ fn collectives_match_the_reference_exactly() {
             let pairs: Vec<(usize, usize)> = (0..k.saturating_sub(1)).map(|r| (r, r + 1)).collect();
             b.output(
                 "perm",
-                &b.emit(
-                    Op::CollectivePermute {
-                        axes: axes.clone(),
-                        pairs,
-                    },
-                    &[&x],
-                    None,
-                ),
+                &b.emit(Op::collective_permute(axes.clone(), pairs), &[&x], None),
             );
             let pid = b.partition_id();
             b.output("pid", &pid);
@@ -1180,10 +1128,7 @@ fn independent_collectives_share_a_round() {
     let mesh = Mesh::parse_spec("x=4").unwrap();
     let ar = |v: &ir::Value, b: &Builder| {
         b.emit(
-            Op::AllReduce {
-                op: ReduceOp::Sum,
-                axes: vec!["x".to_string()],
-            },
+            Op::all_reduce(ReduceOp::Sum, vec!["x".to_string()]),
             &[v],
             None,
         )
@@ -1798,20 +1743,10 @@ fn a_transpose_fuses_into_its_dot_through_trivial_collectives() {
     };
     let (plain, _) = run(&build(&[]));
     let chains = [
-        vec![Op::ReduceScatter {
-            op: ReduceOp::Sum,
-            dim: 1,
-            axes: axes.clone(),
-        }],
+        vec![Op::reduce_scatter(ReduceOp::Sum, 1, axes.clone())],
         vec![
-            Op::AllReduce {
-                op: ReduceOp::Sum,
-                axes: axes.clone(),
-            },
-            Op::AllGather {
-                dim: 2,
-                axes: axes.clone(),
-            },
+            Op::all_reduce(ReduceOp::Sum, axes.clone()),
+            Op::all_gather(2, axes.clone()),
         ],
     ];
     for chain in chains {

@@ -288,12 +288,7 @@ pub fn forward(ctx: &Ctx, i: usize, level: u8) -> Option<Sharding> {
             }
             merge_all(&cands, ctx.mesh)
         }
-        Op::PartitionId
-        | Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => None,
+        Op::PartitionId | Op::Collective(_) => None,
     }
 }
 
@@ -476,11 +471,6 @@ pub fn backward(ctx: &Ctx, i: usize, k: usize, level: u8) -> Option<Sharding> {
                 }
             }
         }
-        Op::PartitionId
-        | Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => None,
+        Op::PartitionId | Op::Collective(_) => None,
     }
 }

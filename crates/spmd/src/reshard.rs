@@ -367,25 +367,16 @@ pub fn reshard(
         let ty = x.ty();
         let one = |a: &String| vec![a.clone()];
         x = match step {
-            Step::AllReduce { axes } => ctx.emit(
-                Op::AllReduce {
-                    op: ReduceOp::Sum,
-                    axes,
-                },
-                &[&x],
-                None,
-            )?,
+            Step::AllReduce { axes } => {
+                ctx.emit(Op::all_reduce(ReduceOp::Sum, axes), &[&x], None)?
+            }
             Step::ReduceScatter { dim, axis } => ctx.emit(
-                Op::ReduceScatter {
-                    op: ReduceOp::Sum,
-                    dim,
-                    axes: one(&axis),
-                },
+                Op::reduce_scatter(ReduceOp::Sum, dim, one(&axis)),
                 &[&x],
                 None,
             )?,
             Step::GatherWholeAndTrim { dim, axes } => {
-                let full = ctx.emit(Op::AllGather { dim, axes }, &[&x], None)?;
+                let full = ctx.emit(Op::all_gather(dim, axes), &[&x], None)?;
                 let mut limit = full.shape();
                 limit[dim] = g[dim];
                 ctx.emit(
@@ -397,24 +388,15 @@ pub fn reshard(
                     None,
                 )?
             }
-            Step::AllGather { dim, axis } => ctx.emit(
-                Op::AllGather {
-                    dim,
-                    axes: one(&axis),
-                },
-                &[&x],
-                None,
-            )?,
+            Step::AllGather { dim, axis } => {
+                ctx.emit(Op::all_gather(dim, one(&axis)), &[&x], None)?
+            }
             Step::AllToAll {
                 split_dim,
                 concat_dim,
                 axis,
             } => ctx.emit(
-                Op::AllToAll {
-                    split_dim,
-                    concat_dim,
-                    axes: one(&axis),
-                },
+                Op::all_to_all(split_dim, concat_dim, one(&axis)),
                 &[&x],
                 None,
             )?,
@@ -469,7 +451,7 @@ pub fn reshard(
                 ctx.emit(Op::Select, &[&pred, &x, &zeros], None)?
             }
             Step::CollectivePermute { axes, pairs } => {
-                ctx.emit(Op::CollectivePermute { axes, pairs }, &[&x], None)?
+                ctx.emit(Op::collective_permute(axes, pairs), &[&x], None)?
             }
         };
     }

@@ -80,19 +80,19 @@ proptest! {
 
     #[test]
     fn all_reduce_sum((axes, t) in axes().prop_flat_map(|a| (Just(a), (1usize..=2).prop_flat_map(|r| shape_of_rank(r, 3)).prop_flat_map(|s| stacked(s, false))))) {
-        check_collective(Op::AllReduce { op: ReduceOp::Sum, axes }, &t);
+        check_collective(Op::all_reduce(ReduceOp::Sum, axes), &t);
     }
 
     /// Distinct values across devices, so the chooser picks one device per element.
     #[test]
     fn all_reduce_max_min((axes, t, max) in (axes(), shape_of_rank(2, 2).prop_flat_map(|s| stacked(s, true)), any::<bool>())) {
         let op = if max { ReduceOp::Max } else { ReduceOp::Min };
-        check_collective(Op::AllReduce { op, axes }, &t);
+        check_collective(Op::all_reduce(op, axes), &t);
     }
 
     #[test]
     fn all_gather((axes, (t, dim)) in (axes(), (1usize..=2).prop_flat_map(|r| (shape_of_rank(r, 3), 0..r)).prop_flat_map(|(s, d)| (stacked(s, false), Just(d))))) {
-        check_collective(Op::AllGather { dim, axes }, &t);
+        check_collective(Op::all_gather(dim, axes), &t);
     }
 
     #[test]
@@ -103,7 +103,7 @@ proptest! {
         }),
         prop_oneof![Just(ReduceOp::Sum), Just(ReduceOp::Max), Just(ReduceOp::Min)],
     )) {
-        check_collective(Op::ReduceScatter { op, dim, axes }, &t);
+        check_collective(Op::reduce_scatter(op, dim, axes), &t);
     }
 
     #[test]
@@ -114,7 +114,7 @@ proptest! {
             (stacked(s, false), Just(d), 0..r)
         }))
     })) {
-        check_collective(Op::AllToAll { split_dim, concat_dim, axes }, &t);
+        check_collective(Op::all_to_all(split_dim, concat_dim, axes), &t);
     }
 
     /// A random partial permutation of the group's ranks (some ranks receive zeros).
@@ -127,7 +127,7 @@ proptest! {
             p.into_iter().enumerate().filter(|&(i, _)| keep[i]).collect::<Vec<(usize, usize)>>()
         }), shape_of_rank(2, 2).prop_flat_map(|s| stacked(s, false)))
     })) {
-        check_collective(Op::CollectivePermute { axes, pairs }, &t);
+        check_collective(Op::collective_permute(axes, pairs), &t);
     }
 }
 
@@ -138,19 +138,6 @@ fn max_collectives_split_ties_evenly() {
     let same: Vec<f64> = (0..4).flat_map(|_| [0.5, -1.0, 1.5, 0.25]).collect();
     let t = HostTensor::from_f64([4, 4], same);
     let a = vec!["a".to_string()];
-    check_collective(
-        Op::AllReduce {
-            op: ReduceOp::Max,
-            axes: a.clone(),
-        },
-        &t,
-    );
-    check_collective(
-        Op::ReduceScatter {
-            op: ReduceOp::Min,
-            dim: 0,
-            axes: a,
-        },
-        &t,
-    );
+    check_collective(Op::all_reduce(ReduceOp::Max, a.clone()), &t);
+    check_collective(Op::reduce_scatter(ReduceOp::Min, 0, a), &t);
 }

@@ -68,15 +68,8 @@ fn bench(a: &CollectiveBenchArgs, mpi: Mpi) -> Result<()> {
     let mesh = Mesh::new(&[("x", n)])?;
     let axes = vec!["x".to_string()];
     let ops = [
-        Op::AllToAll {
-            split_dim: 0,
-            concat_dim: 0,
-            axes: axes.clone(),
-        },
-        Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes,
-        },
+        Op::all_to_all(0, 0, axes.clone()),
+        Op::all_reduce(ReduceOp::Sum, axes),
     ];
     for &bytes in &a.bytes {
         // Whole f32 elements, divisible by the device count.

@@ -1,7 +1,10 @@
 //! Attributes of the text format: one table per direction (printing reads an op's
 //! attributes, parsing fills an op template's slots), both matching every `Op` variant.
 
-use crate::op::{BinaryOp, CompareOp, DotDims, Literal, Op, ReduceOp, RngDist, UnaryOp};
+use crate::op::{
+    BinaryOp, Collective, CollectiveKind, CompareOp, DotDims, Literal, Op, ReduceOp, RngDist,
+    UnaryOp,
+};
 
 /// An attribute value borrowed from an op, for printing.
 pub(super) enum AttrRef<'a> {
@@ -127,24 +130,24 @@ pub(super) fn attrs(op: &Op) -> Vec<(&'static str, AttrRef<'_>)> {
             ("stream", A::U64(*stream)),
             ("global_shape", A::List(global_shape)),
         ],
-        Op::AllReduce { op, axes } => vec![("op", A::Reduce(*op)), ("axes", A::Axes(axes))],
-        Op::AllGather { dim, axes } => vec![("dim", A::Usize(*dim)), ("axes", A::Axes(axes))],
-        Op::ReduceScatter { op, dim, axes } => vec![
-            ("op", A::Reduce(*op)),
-            ("dim", A::Usize(*dim)),
-            ("axes", A::Axes(axes)),
-        ],
-        Op::AllToAll {
-            split_dim,
-            concat_dim,
-            axes,
-        } => vec![
-            ("split_dim", A::Usize(*split_dim)),
-            ("concat_dim", A::Usize(*concat_dim)),
-            ("axes", A::Axes(axes)),
-        ],
-        Op::CollectivePermute { axes, pairs } => {
-            vec![("axes", A::Axes(axes)), ("pairs", A::Pairs(pairs))]
+        Op::Collective(Collective { kind, axes }) => {
+            let axes = ("axes", A::Axes(axes));
+            match kind {
+                CollectiveKind::AllReduce { op } => vec![("op", A::Reduce(*op)), axes],
+                CollectiveKind::AllGather { dim } => vec![("dim", A::Usize(*dim)), axes],
+                CollectiveKind::ReduceScatter { op, dim } => {
+                    vec![("op", A::Reduce(*op)), ("dim", A::Usize(*dim)), axes]
+                }
+                CollectiveKind::AllToAll {
+                    split_dim,
+                    concat_dim,
+                } => vec![
+                    ("split_dim", A::Usize(*split_dim)),
+                    ("concat_dim", A::Usize(*concat_dim)),
+                    axes,
+                ],
+                CollectiveKind::Permute { pairs } => vec![axes, ("pairs", A::Pairs(pairs))],
+            }
         }
     }
 }
@@ -214,26 +217,24 @@ pub(super) fn slots(op: &mut Op) -> Vec<AttrSlot<'_>> {
             req("stream", S::U64(stream)),
             req("global_shape", S::List(global_shape)),
         ],
-        Op::AllReduce { op, axes } => vec![req("op", S::Reduce(op)), req("axes", S::Axes(axes))],
-        Op::AllGather { dim, axes } => {
-            vec![req("dim", S::Usize(dim)), req("axes", S::Axes(axes))]
-        }
-        Op::ReduceScatter { op, dim, axes } => vec![
-            req("op", S::Reduce(op)),
-            req("dim", S::Usize(dim)),
-            req("axes", S::Axes(axes)),
-        ],
-        Op::AllToAll {
-            split_dim,
-            concat_dim,
-            axes,
-        } => vec![
-            req("split_dim", S::Usize(split_dim)),
-            req("concat_dim", S::Usize(concat_dim)),
-            req("axes", S::Axes(axes)),
-        ],
-        Op::CollectivePermute { axes, pairs } => {
-            vec![req("axes", S::Axes(axes)), req("pairs", S::Pairs(pairs))]
+        Op::Collective(Collective { kind, axes }) => {
+            let axes = req("axes", S::Axes(axes));
+            match kind {
+                CollectiveKind::AllReduce { op } => vec![req("op", S::Reduce(op)), axes],
+                CollectiveKind::AllGather { dim } => vec![req("dim", S::Usize(dim)), axes],
+                CollectiveKind::ReduceScatter { op, dim } => {
+                    vec![req("op", S::Reduce(op)), req("dim", S::Usize(dim)), axes]
+                }
+                CollectiveKind::AllToAll {
+                    split_dim,
+                    concat_dim,
+                } => vec![
+                    req("split_dim", S::Usize(split_dim)),
+                    req("concat_dim", S::Usize(concat_dim)),
+                    axes,
+                ],
+                CollectiveKind::Permute { pairs } => vec![axes, req("pairs", S::Pairs(pairs))],
+            }
         }
     }
 }
@@ -296,28 +297,11 @@ pub(super) fn op_template(name: &str) -> Option<Op> {
             global_shape: vec![],
         },
         "partition_id" => Op::PartitionId,
-        "all_reduce" => Op::AllReduce {
-            op: ReduceOp::Sum,
-            axes: vec![],
-        },
-        "all_gather" => Op::AllGather {
-            dim: 0,
-            axes: vec![],
-        },
-        "reduce_scatter" => Op::ReduceScatter {
-            op: ReduceOp::Sum,
-            dim: 0,
-            axes: vec![],
-        },
-        "all_to_all" => Op::AllToAll {
-            split_dim: 0,
-            concat_dim: 0,
-            axes: vec![],
-        },
-        "collective_permute" => Op::CollectivePermute {
-            axes: vec![],
-            pairs: vec![],
-        },
+        "all_reduce" => Op::all_reduce(ReduceOp::Sum, vec![]),
+        "all_gather" => Op::all_gather(0, vec![]),
+        "reduce_scatter" => Op::reduce_scatter(ReduceOp::Sum, 0, vec![]),
+        "all_to_all" => Op::all_to_all(0, 0, vec![]),
+        "collective_permute" => Op::collective_permute(vec![], vec![]),
         other => {
             let unary = UnaryOp::ALL.into_iter().find(|u| u.name() == other);
             let binary = BinaryOp::ALL.into_iter().find(|b| b.name() == other);

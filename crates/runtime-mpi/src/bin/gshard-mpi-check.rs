@@ -54,36 +54,19 @@ fn main() {
                 for dtype in dtypes {
                     let ty = Type::new(dtype, shape.to_vec());
                     let mut ops = vec![
-                        Op::AllReduce {
-                            op: ReduceOp::Sum,
-                            axes: axes.clone(),
-                        },
-                        Op::AllReduce {
-                            op: ReduceOp::Max,
-                            axes: axes.clone(),
-                        },
-                        Op::CollectivePermute {
-                            axes: axes.clone(),
-                            pairs: (0..k).map(|i| (i, (i + 1) % k)).take(k - 1).collect(),
-                        },
+                        Op::all_reduce(ReduceOp::Sum, axes.clone()),
+                        Op::all_reduce(ReduceOp::Max, axes.clone()),
+                        Op::collective_permute(
+                            axes.clone(),
+                            (0..k).map(|i| (i, (i + 1) % k)).take(k - 1).collect(),
+                        ),
                     ];
                     for d in 0..shape.len() {
-                        ops.push(Op::AllGather {
-                            dim: d,
-                            axes: axes.clone(),
-                        });
+                        ops.push(Op::all_gather(d, axes.clone()));
                         if shape[d] % k == 0 {
-                            ops.push(Op::ReduceScatter {
-                                dim: d,
-                                op: ReduceOp::Sum,
-                                axes: axes.clone(),
-                            });
+                            ops.push(Op::reduce_scatter(ReduceOp::Sum, d, axes.clone()));
                             for c in 0..shape.len() {
-                                ops.push(Op::AllToAll {
-                                    split_dim: d,
-                                    concat_dim: c,
-                                    axes: axes.clone(),
-                                });
+                                ops.push(Op::all_to_all(d, c, axes.clone()));
                             }
                         }
                     }

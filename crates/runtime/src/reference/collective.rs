@@ -13,7 +13,7 @@
 
 use super::scalar;
 use super::val::{concat, Val};
-use ir::ReduceOp;
+use ir::{CollectiveKind, ReduceOp};
 
 /// Run `f` on each group's operands (in rank order); `f` returns one value per rank, which
 /// goes to that rank's device.
@@ -41,6 +41,20 @@ fn reduce_all(xs: &[&Val], op: ReduceOp) -> Val {
         .map(|e| scalar::reduce(op, xs[0].dtype(), xs.iter().map(|x| x.v[e])))
         .collect();
     Val::new(&xs[0].ty, v)
+}
+
+/// The collective `kind` over `groups`.
+pub fn run(groups: &[Vec<usize>], args: &[Vec<&Val>], kind: &CollectiveKind) -> Vec<Val> {
+    match kind {
+        CollectiveKind::AllReduce { op } => all_reduce(groups, args, *op),
+        CollectiveKind::AllGather { dim } => all_gather(groups, args, *dim),
+        CollectiveKind::ReduceScatter { op, dim } => reduce_scatter(groups, args, *op, *dim),
+        CollectiveKind::AllToAll {
+            split_dim,
+            concat_dim,
+        } => all_to_all(groups, args, *split_dim, *concat_dim),
+        CollectiveKind::Permute { pairs } => collective_permute(groups, args, pairs),
+    }
 }
 
 pub fn all_reduce(groups: &[Vec<usize>], args: &[Vec<&Val>], op: ReduceOp) -> Vec<Val> {

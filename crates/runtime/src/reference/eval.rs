@@ -77,24 +77,7 @@ pub fn eval(
             global_shape,
         } => each(&|_, a| random(*dist, *stream, global_shape, a, ty)),
         Op::PartitionId => each(&|d, _| Val::new(ty, vec![d as f64])),
-        Op::AllReduce { op, axes } => Ok(collective::all_reduce(&groups(axes)?, args, *op)),
-        Op::AllGather { dim, axes } => Ok(collective::all_gather(&groups(axes)?, args, *dim)),
-        Op::ReduceScatter { op, dim, axes } => {
-            Ok(collective::reduce_scatter(&groups(axes)?, args, *op, *dim))
-        }
-        Op::AllToAll {
-            split_dim,
-            concat_dim,
-            axes,
-        } => Ok(collective::all_to_all(
-            &groups(axes)?,
-            args,
-            *split_dim,
-            *concat_dim,
-        )),
-        Op::CollectivePermute { axes, pairs } => {
-            Ok(collective::collective_permute(&groups(axes)?, args, pairs))
-        }
+        Op::Collective(c) => Ok(collective::run(&groups(&c.axes)?, args, &c.kind)),
     }
 }
 

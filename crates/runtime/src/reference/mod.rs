@@ -292,49 +292,7 @@ pub(crate) fn collective_on_hosts(
 ) -> Option<Vec<HostTensor>> {
     let vals: Vec<Val> = local.iter().map(Val::from_host).collect();
     let args: Vec<Vec<&Val>> = vals.iter().map(|v| vec![v]).collect();
-    let groups = |axes: &[String]| mesh.groups(axes);
-    let out = match op {
-        Op::AllReduce { op, axes } => collective::all_reduce(&groups(axes), &args, *op),
-        Op::AllGather { dim, axes } => collective::all_gather(&groups(axes), &args, *dim),
-        Op::ReduceScatter { op, dim, axes } => {
-            collective::reduce_scatter(&groups(axes), &args, *op, *dim)
-        }
-        Op::AllToAll {
-            split_dim,
-            concat_dim,
-            axes,
-        } => collective::all_to_all(&groups(axes), &args, *split_dim, *concat_dim),
-        Op::CollectivePermute { axes, pairs } => {
-            collective::collective_permute(&groups(axes), &args, pairs)
-        }
-        Op::Parameter { .. }
-        | Op::Constant { .. }
-        | Op::Iota { .. }
-        | Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::Convert
-        | Op::StopGradient
-        | Op::Copy
-        | Op::Broadcast { .. }
-        | Op::Reshape
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice
-        | Op::Pad { .. }
-        | Op::Concatenate { .. }
-        | Op::Reduce { .. }
-        | Op::DotGeneral(_)
-        | Op::Conv { .. }
-        | Op::Reverse { .. }
-        | Op::Cumsum { .. }
-        | Op::Argmax { .. }
-        | Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::Rng { .. }
-        | Op::PartitionId => return None,
-    };
+    let c = op.as_collective()?;
+    let out = collective::run(&mesh.groups(&c.axes), &args, &c.kind);
     Some(out.iter().map(Val::to_host).collect())
 }

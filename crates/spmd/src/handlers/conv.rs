@@ -341,14 +341,7 @@ fn halo_exchange(
         )
     };
     let permute = |ctx: &Ctx, x: &Value, pairs: Vec<(usize, usize)>| {
-        ctx.emit(
-            Op::CollectivePermute {
-                axes: axes.to_vec(),
-                pairs,
-            },
-            &[x],
-            None,
-        )
+        ctx.emit(Op::collective_permute(axes.to_vec(), pairs), &[x], None)
     };
     let mut parts = Vec::new();
     if h.left > 0 {

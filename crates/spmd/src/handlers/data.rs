@@ -119,7 +119,7 @@ pub fn reverse(
             (r, mirrored)
         })
         .collect();
-    pv.local = ctx.emit(Op::CollectivePermute { axes, pairs }, &[&pv.local], None)?;
+    pv.local = ctx.emit(Op::collective_permute(axes, pairs), &[&pv.local], None)?;
     Ok(pv)
 }
 

@@ -64,12 +64,7 @@ pub fn partition_instr(
             let operands = [ops[0], ops[1], ops[2]];
             gather::scatter_add(ctx, *axis, *batch_dims, operands, &ins.ty, &t)
         }
-        Op::PartitionId
-        | Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => Err(SpmdError::AlreadyPartitioned {
+        Op::PartitionId | Op::Collective(_) => Err(SpmdError::AlreadyPartitioned {
             index: i,
             op: ins.op.name().into(),
         }),

@@ -69,7 +69,7 @@ pub fn reduce(
             ..pv
         }),
         ReduceOp::Max | ReduceOp::Min => {
-            let v = ctx.emit(Op::AllReduce { op, axes: red_axes }, &[&pv.local], None)?;
+            let v = ctx.emit(Op::all_reduce(op, red_axes), &[&pv.local], None)?;
             Ok(PartitionedValue { local: v, ..pv })
         }
     }
