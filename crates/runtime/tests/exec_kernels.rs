@@ -177,39 +177,24 @@ fn float_dtypes() -> [DType; 3] {
     [DType::F32, DType::F64, DType::BF16]
 }
 
-const UNARY_FLOAT: [UnaryOp; 14] = [
-    UnaryOp::Neg,
-    UnaryOp::Abs,
-    UnaryOp::Sign,
-    UnaryOp::Exp,
-    UnaryOp::Log,
-    UnaryOp::Log1p,
-    UnaryOp::Sqrt,
-    UnaryOp::Rsqrt,
-    UnaryOp::Tanh,
-    UnaryOp::Logistic,
-    UnaryOp::Erf,
-    UnaryOp::Sin,
-    UnaryOp::Cos,
-    UnaryOp::Floor,
-];
-
-const BINARY_FLOAT: [BinaryOp; 8] = [
-    BinaryOp::Add,
-    BinaryOp::Sub,
-    BinaryOp::Mul,
-    BinaryOp::Div,
-    BinaryOp::Rem,
-    BinaryOp::Pow,
-    BinaryOp::Max,
-    BinaryOp::Min,
-];
+/// The ops of a family that take float operands, from the op set itself (a new op joins
+/// the random programs without a list to update).
+fn float_ops<T: Copy>(all: &[T], op: impl Fn(T) -> Op, arity: usize) -> Vec<T> {
+    let f32s = Type::new(DType::F32, vec![2]);
+    let operands = vec![&f32s; arity];
+    all.iter()
+        .copied()
+        .filter(|&x| ir::infer_type(&op(x), &operands, None, None).is_ok())
+        .collect()
+}
 
 /// A random chain of elementwise ops over two parameters of one float dtype, with splat
 /// constants, broadcasts of a smaller parameter, iota + compare + select and conversions
 /// mixed in; several intermediates are outputs (so some values are materialised and some
 /// fused).
 fn elementwise_program(rng: &mut Rng) -> (Program, HashMap<String, HostTensor>) {
+    let unary = float_ops(&UnaryOp::ALL, Op::Unary, 1);
+    let binary = float_ops(&BinaryOp::ALL, Op::Binary, 2);
     let dt = rng.pick(&float_dtypes());
     let shape = rng.shape(3, 5);
     let ty = Type::new(dt, shape.clone());
@@ -231,11 +216,11 @@ fn elementwise_program(rng: &mut Rng) -> (Program, HashMap<String, HostTensor>) 
         let a = pool[rng.below(pool.len())].clone();
         let c = pool[rng.below(pool.len())].clone();
         let v = match rng.below(10) {
-            0 | 1 => b.emit(Op::Unary(rng.pick(&UNARY_FLOAT)), &[&a], None),
-            2..=4 => b.emit(Op::Binary(rng.pick(&BINARY_FLOAT)), &[&a, &c], None),
+            0 | 1 => b.emit(Op::Unary(rng.pick(&unary)), &[&a], None),
+            2..=4 => b.emit(Op::Binary(rng.pick(&binary)), &[&a, &c], None),
             5 => {
                 let k = b.splat(rng.value(dt, false), ty.clone());
-                b.emit(Op::Binary(rng.pick(&BINARY_FLOAT)), &[&a, &k], None)
+                b.emit(Op::Binary(rng.pick(&binary)), &[&a, &k], None)
             }
             6 => {
                 let p = b.emit(Op::Compare(rng.pick(&CompareOp::ALL)), &[&a, &c], None);
