@@ -52,15 +52,17 @@ pub(super) fn dot_masked(
             let mut computed = 0;
             for i in 0..m {
                 let o0 = ob + p.out.row(i);
-                // SAFETY (both branches): every write is element `(bb, i, j)` of this entry,
-                // bounded by the assert above; no other task writes it.
+                // Every write below is element `(bb, i, j)` of this entry, bounded by the
+                // assert above; no other task writes it.
                 if rows_contiguous {
                     // The row zeroed, then the masks' non-zeros computed (once per mask that
                     // has one there: the same value).
+                    // SAFETY: row `i` of this entry, `n` contiguous elements.
                     unsafe { std::slice::from_raw_parts_mut(optr.ptr.add(o0), n) }.fill(0.0);
                     for x in masks {
                         for_nonzero(&x[o0..o0 + n], |j, _| {
                             computed += 1;
+                            // SAFETY: element `(bb, i, j)`, `j < n`.
                             unsafe { *optr.ptr.add(o0 + j) = value(i, j) }
                         });
                     }
@@ -73,6 +75,7 @@ pub(super) fn dot_masked(
                             computed += 1;
                             value(i, j)
                         };
+                        // SAFETY: element `(bb, i, j)`.
                         unsafe { *optr.ptr.add(at) = v };
                     }
                 }

@@ -22,9 +22,10 @@
 //!
 //! **Sparse path** (the one-hot dispatch/combine einsums of MoE): for a float dot with at
 //! least 16 flops per operand element, the executor lists the non-zeros of the lhs, then
-//! the rhs, at run time, in one pass over each (`scan::sparse_terms`; a dense operand is told
-//! apart first, by samples or, when short, by a whole count). An operand that is **at least 90 % zeros** while the other operand is all
-//! finite (so skipping `0 * x` cannot hide a NaN) is multiplied sparsely: each non-zero
+//! the rhs, at run time, in one pass over each (`scan::sparse_terms`; a dense operand is
+//! told apart first, by samples or, when short, by a whole count). An operand that is **at
+//! least 90 % zeros** while the other operand is all finite (so skipping `0 * x` cannot hide
+//! a NaN) is multiplied sparsely: each non-zero
 //! `a[i,k]` adds `a[i,k] * b[k,:]` to `out[i,:]` (for a sparse rhs, `b[k,j]` adds
 //! `b[k,j] * a[:,k]` to `out[:,j]`). Every output element still sums its terms in increasing
 //! `k`, with the zero terms left out, so the result equals the dense product to rounding.
@@ -42,13 +43,13 @@
 //! without terms zero-filled. A fused output transpose whose row or column dims do not
 //! merge is written through the same kind of table.
 //!
-//! **Masked** ([`DotCall::run_masked`]): a product used only multiplied by mostly-zero masks and
-//! summed is computed only where a mask is non-zero (the executor finds such dots; the
+//! **Masked** ([`DotCall::run_masked`]): a product used only multiplied by mostly-zero masks
+//! and summed is computed only where a mask is non-zero (the executor finds such dots; the
 //! function checks at run time that skipping is exact).
 //!
-//! **Epilogues** ([`DotCall::run_then`]): the executor may hand each batch entry of an f32 result to
-//! an elementwise group right after its GEMM, while the entry is in cache (the ReLU after an
-//! expert's up-projection, the ReLU mask on its gradient).
+//! **Epilogues** ([`DotCall::run_then`]): the executor may hand each batch entry of an f32
+//! result to an elementwise group right after its GEMM, while the entry is in cache (the
+//! ReLU after an expert's up-projection, the ReLU mask on its gradient).
 //!
 //! Files by concern: [`plan`] (the normalisation: [`DotPlan`], operand views, the output
 //! layout), [`support`] (known non-zeros: [`Support`]), `path` (the pure path choice),

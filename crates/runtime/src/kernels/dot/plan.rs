@@ -408,9 +408,9 @@ impl DotPlan {
     }
 }
 
-/// The span (start address and element count) of the `rows x cols` block at `base` of `x` with strides
-/// `rs`/`cs`, when the block is compact (its span at most twice its elements: worth fetching
-/// whole) and inside `x`.
+/// The span (start address, element count) of the `rows x cols` block at `base` of `x`
+/// with strides `rs`/`cs`, when the block is compact (its span at most twice its elements:
+/// worth fetching whole) and inside `x`.
 pub(super) fn compact_span<T>(
     x: &[T],
     base: usize,

@@ -44,23 +44,26 @@ pub(super) fn add_run<T: GemmFloat>(out: OutPtr<T>, at: usize, xs: &[T], v: T, f
 pub(super) fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
     let (m, n) = (p.m, p.n);
     assert!(ob + p.out.last(m, n) < out.len);
-    // SAFETY (every branch): bounded by the assert above; this batch entry's elements only
-    // (a row or column slice of it is disjoint from every other entry's).
+    // Every write below is bounded by the assert above, and only this batch entry's
+    // elements (a row or column slice of it is disjoint from every other entry's).
     if p.out.rs == 1 && p.out.row_off.is_none() {
         // Columns are the contiguous runs (a transposed result).
         for j in 0..n {
             let o = ob + p.out.col(j);
+            // SAFETY: column `j` of this entry, `m` contiguous elements.
             unsafe { std::slice::from_raw_parts_mut(out.ptr.add(o), m) }.fill(T::ZERO);
         }
     } else if p.out.cs == 1 && p.out.col_off.is_none() {
         // Rows are the contiguous runs.
         for i in 0..m {
             let o = ob + p.out.row(i);
+            // SAFETY: row `i` of this entry, `n` contiguous elements.
             unsafe { std::slice::from_raw_parts_mut(out.ptr.add(o), n) }.fill(T::ZERO);
         }
     } else {
         for i in 0..m {
             for j in 0..n {
+                // SAFETY: element `(i, j)` of this entry.
                 unsafe { *out.ptr.add(ob + p.out.row(i) + p.out.col(j)) = T::ZERO };
             }
         }

@@ -5,8 +5,8 @@
 use crate::kernels::with_avx2;
 use rayon::prelude::*;
 
-/// The sums of [`super::DotCall::run_masked_sums`] from a computed dense product `prod` (the untransposed
-/// result): every term, in order, as the separate multiply and reduce compute them (long
+/// The sums of [`super::DotCall::run_masked_sums`] from a computed dense product `prod`
+/// (the untransposed result): every term, in order, as the separate multiply and reduce compute them (long
 /// rows by [`row_sum_certified`] where that settles the result).
 pub fn masked_row_sums(n: usize, prod: &[f32], mask: &[f32], sums: &mut [f32]) {
     assert_eq!(prod.len(), mask.len());

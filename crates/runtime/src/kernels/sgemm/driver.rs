@@ -73,9 +73,10 @@ pub(super) unsafe fn product(g: &Sgemm) {
         return;
     }
     let f = facts(g);
-    // SAFETY: the caller's contract (`worth` reads `m` floats of sampled columns of A).
-    let sparse_cols =
-        || unsafe { sparse::worth(sample_steps(k, &mut [0; 8]), m, |p| a.ptr.add(p * a.cs)) };
+    let sparse_cols = || {
+        // SAFETY: the caller's contract (`worth` reads `m` floats of sampled columns of A).
+        unsafe { sparse::worth(sample_steps(k, &mut [0; 8]), m, |p| a.ptr.add(p * a.cs)) }
+    };
     match route::layout(&f, sparse_cols) {
         Layout::ThroughRowMajor => {
             // Computed row-major on the row-sparse path, then stored transposed by 8x8

@@ -382,7 +382,7 @@ struct Tile<'a> {
     mr: usize,
     nr: usize,
     first: bool,
-    /// `(address, lines)`: cache lines the wide tile fetches during its steps ([`Fetch`]).
+    /// `(address, lines)`: cache lines the wide tile fetches during its steps (`fetch::Fetch`).
     pf: (usize, usize),
     /// Non-temporal stores for a whole, line-aligned first tile (the wide tile; the caller
     /// fences them).

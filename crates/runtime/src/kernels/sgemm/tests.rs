@@ -446,7 +446,7 @@ fn sparse_vs_dense(
     // C rows at their own offsets (reversed), as a fused output transpose.
     let rows: Vec<usize> = (0..m).map(|i| (m - 1 - i) * n).collect();
     let out = |ptr: *mut f32| MatMut {
-        table: table.then(|| Table::Rows(rows.as_ptr())),
+        table: table.then_some(Table::Rows(rows.as_ptr())),
         ..MatMut::strided(ptr, n, 1)
     };
     let (sparse, blocks) = on_both_paths((m, n, k), ar, br, out);
