@@ -130,13 +130,13 @@ proptest! {
             stream: rng.below(2) == 0,
             ..MatMut::strided(c.as_mut_ptr(), crs, ccs)
         };
-        // SAFETY: AVX2/FMA checked above; each buffer holds exactly the elements its
-        // strides address, and nothing else touches `c`.
         // Half the cases fetch "the next GEMM's operands" (here a and b again, and a span
         // past the end, which a prefetch may name) while they compute: results unchanged.
         let ahead = [(sa.as_ptr() as usize, sa.len()), (sb.as_ptr() as usize, sb.len()), (sb.as_ptr().wrapping_add(sb.len()) as usize, 4096)];
         let ahead: &[(usize, usize)] = if rng.below(2) == 0 { &ahead } else { &[] };
         let (ar, br) = (MatRef { ptr: sa.as_ptr(), rs: ars, cs: acs }, MatRef { ptr: sb.as_ptr(), rs: brs, cs: bcs });
+        // SAFETY: AVX2/FMA checked above; each buffer holds exactly the elements its
+        // strides address, and nothing else touches `c`.
         unsafe { Sgemm { ahead, ..Sgemm::new(m, n, k, ar, br, cm) }.run() };
         // The dense path on the same operands (the row-sparse one forbidden): the same bits.
         let mut c_dense = vec![f32::NAN; m * n];

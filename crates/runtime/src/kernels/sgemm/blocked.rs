@@ -68,7 +68,7 @@ pub(super) unsafe fn blocked(job: &Job, bufs: Bufs, fetch: &mut Fetch) {
     // Streamed stores only where each tile is written once: one block of steps (a later
     // block would read the streamed lines back from memory to add to them).
     let stream = c.stream && kk <= KC;
-    // SAFETY (whole body): offsets stay inside the operands by the caller's contract.
+    // SAFETY: for the whole body, offsets stay inside the operands by the caller's contract.
     unsafe {
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);

@@ -124,7 +124,7 @@ pub(super) unsafe fn product(g: &Sgemm) {
         }
         Layout::Direct => {}
     }
-    // SAFETY (whole body): every offset below is `i*rs + j*cs` with `i`, `j` inside the
+    // SAFETY: for the whole body, every offset below is `i*rs + j*cs` with `i`, `j` inside the
     // operand's shape, which the caller's contract makes addressable.
     unsafe {
         // Rows of A that take part, and those that are all zeros. Zeros are only looked for

@@ -71,7 +71,7 @@ pub(super) unsafe fn transpose_lines(
     dst: impl Fn(usize) -> *mut f32,
 ) {
     let (l16, n8) = (lines / 16 * 16, len / 8 * 8);
-    // SAFETY (whole body): reads are `src(i) + j`, writes `dst(j) + i`, `i < lines`,
+    // SAFETY: for the whole body, reads are `src(i) + j`, writes `dst(j) + i`, `i < lines`,
     // `j < len`.
     unsafe {
         #[cfg(target_arch = "x86_64")]
