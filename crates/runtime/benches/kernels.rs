@@ -156,9 +156,7 @@ fn bench_gemm(c: &mut Criterion) {
     // `reluTT_` rows with the result stored transposed too; the `avx2tile_` rows use the
     // AVX2 6x16 tile where the CPU has the AVX-512 one.
     if runtime::kernels::sgemm::available() {
-        use runtime::kernels::sgemm::{
-            set_sparse_a, set_wide, sgemm, sparse_available, MatMut, MatRef,
-        };
+        use runtime::kernels::sgemm::{sparse_available, GemmOptions, MatMut, MatRef, Sgemm};
         for (name, m, n, k, t, sparse) in [
             ("raw_sgemm_256x1024x256", 256, 1024, 256, "", None),
             ("raw_sgemm_256x256x1024", 256, 256, 1024, "", None),
@@ -253,9 +251,11 @@ fn bench_gemm(c: &mut Criterion) {
                 }
             };
             g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+            let opts = GemmOptions {
+                wide: !name.starts_with("avx2tile"),
+                sparse_a: sparse.unwrap_or(true),
+            };
             g.bench_function(format!("{name}/1thread"), |bch| {
-                set_sparse_a(sparse.unwrap_or(true));
-                set_wide(!name.starts_with("avx2tile"));
                 bch.iter(|| {
                     let br = if b_t {
                         MatRef {
@@ -275,11 +275,13 @@ fn bench_gemm(c: &mut Criterion) {
                     } else {
                         MatMut::strided(cm.as_mut_ptr(), n, 1)
                     };
+                    let product = Sgemm {
+                        opts,
+                        ..Sgemm::new(m, n, k, ar, br, cw)
+                    };
                     // SAFETY: AVX2 checked above; the strides address exactly the buffers.
-                    unsafe { sgemm(m, n, k, ar, br, cw) }
+                    unsafe { product.run() }
                 });
-                set_sparse_a(true);
-                set_wide(true);
             });
         }
     }
@@ -306,7 +308,7 @@ fn bench_gemm(c: &mut Criterion) {
     // hot benches above cannot show.
     #[cfg(target_arch = "x86_64")]
     if runtime::kernels::sgemm::available() {
-        use runtime::kernels::sgemm::{sgemm_ahead, MatMut, MatRef};
+        use runtime::kernels::sgemm::{MatMut, MatRef, Sgemm};
         let (m, n, k, sets) = (128usize, 512usize, 128usize, 128usize);
         let a: Vec<Vec<f32>> = (0..sets).map(|q| data(m * k, 10 + q as u32)).collect();
         let b: Vec<Vec<f32>> = (0..sets).map(|q| data(k * n, 500 + q as u32)).collect();
@@ -321,9 +323,9 @@ fn bench_gemm(c: &mut Criterion) {
                     for q in 0..sets {
                         let nx = (q + 1) % sets;
                         let spans = [
-                            (a[nx].as_ptr(), m * k),
-                            (b[nx].as_ptr(), k * n),
-                            (c[nx].as_ptr(), m * n),
+                            (a[nx].as_ptr() as usize, m * k),
+                            (b[nx].as_ptr() as usize, k * n),
+                            (c[nx].as_ptr() as usize, m * n),
                         ];
                         let ar = MatRef {
                             ptr: a[q].as_ptr(),
@@ -336,11 +338,13 @@ fn bench_gemm(c: &mut Criterion) {
                             cs: 1,
                         };
                         let cw = MatMut::strided(c[q].as_mut_ptr(), n, 1);
+                        let product = Sgemm {
+                            ahead: if fetch { &spans } else { &[] },
+                            ..Sgemm::new(m, n, k, ar, br, cw)
+                        };
                         // SAFETY: `available()` was checked; the strides address exactly the
                         // row-major buffers of set `q`; the spans are only fetched.
-                        unsafe {
-                            sgemm_ahead(m, n, k, ar, br, cw, if fetch { &spans } else { &[] })
-                        }
+                        unsafe { product.run() }
                     }
                 })
             });

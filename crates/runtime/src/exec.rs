@@ -27,9 +27,9 @@
 //!   large as its ReLU). Dots sum `-0` terms as `+0` ones: every other value is unchanged.
 //! - *Masked dots*: an f32 dot whose every use is a one-multiply group `dot * mask` summed
 //!   by reductions (`Kind::MaskedDot`) is computed only where a mask is non-zero, when a
-//!   run-time check shows that exact ([`dot_masked`]); otherwise as a plain dot. When each
+//!   run-time check shows that exact ([`DotCall::run_masked`]); otherwise as a plain dot. When each
 //!   masked product is read only by one sum over the product's column dims, the step
-//!   computes those sums itself (`Kind::MaskedDotSums`, [`dot_masked_sums`]): no product,
+//!   computes those sums itself (`Kind::MaskedDotSums`, [`DotCall::run_masked_sums`]): no product,
 //!   multiply or reduce pass over memory.
 //! - *Sums of products*: an f32 sum over every dim of a group `a * b` that nothing else
 //!   reads (a layer's loss `sum(y * dy)`) is one pass (`Kind::SumProduct`): the same f32
@@ -47,7 +47,7 @@
 //!   ([`Executable::sparse_releases`]), and the buffer is not held to the backward pass.
 //!   Likewise an f32 value whose later readers are plain dots, once a sparse product found
 //!   its support (the combine weights): those dots take it by its support alone
-//!   ([`dot_known`]), rebuilding it where their path reads it densely.
+//!   ([`DotCall::run`]), rebuilding it where their path reads it densely.
 //! - *Indicator reads*: a group `convert(x != 0)` read only by plain dots is not computed;
 //!   the dots read `x` as an indicator ([`indicator_dots`], `DotPlan::read_indicator`):
 //!   their sparse walk over that side takes `x`'s non-zeros (its shared support) with the
@@ -83,8 +83,8 @@
 use crate::alloc::AllocError;
 use crate::comm::{place_all_to_all, wire_bytes, CommError, Communicator, Sinks};
 use crate::kernels::dot::{
-    dot, dot_known, dot_masked, dot_masked_sums, dot_then, masked_row_sums, DotPath, DotPlan,
-    Known, Support, Values, NO_TAIL,
+    dot, masked_row_sums, DotCall, DotPath, DotPlan, Epilogue, Known, Operand, Support, Values,
+    NO_TAIL,
 };
 use crate::kernels::elementwise::{
     collapse_broadcast, run_fused_inplace, run_fused_part, Fused, Node,
@@ -167,7 +167,7 @@ enum Kind {
     Move(usize),
     Dot(Box<DotPlan>),
     /// An f32 dot used only multiplied by one of the f32 values `masks` (its shape) and then
-    /// summed: computed where a mask is non-zero, when that is exact ([`dot_masked`]),
+    /// summed: computed where a mask is non-zero, when that is exact ([`DotCall::run_masked`]),
     /// else as [`Kind::Dot`].
     MaskedDot {
         plan: Box<DotPlan>,
@@ -176,7 +176,7 @@ enum Kind {
     /// A [`Kind::MaskedDot`] (value `dot`, never materialised) whose products with each mask
     /// are read only by one sum over the product's column dims: computes those sums
     /// directly, `terms` = (mask, the reduction's value), at most two (this step's value and
-    /// its `also`) — [`dot_masked_sums`], or the dense product and [`masked_row_sums`].
+    /// its `also`) — [`DotCall::run_masked_sums`], or the dense product and [`masked_row_sums`].
     MaskedDotSums {
         plan: Box<DotPlan>,
         dot: usize,
@@ -1556,7 +1556,7 @@ impl Executable {
             }
             let sums = matches!(s.kind, Kind::MaskedDotSums { .. });
             // A plain dot lists an operand's terms from its support and rebuilds it from
-            // the support where its path reads it densely ([`dot_known`]).
+            // the support where its path reads it densely ([`DotCall::run`]).
             let plain = matches!(s.kind, Kind::Dot(_));
             for (q, &r) in s.reads.iter().enumerate() {
                 let only_mask =
@@ -2426,16 +2426,14 @@ impl Dev<'_> {
         // An operand released early ([`Step::frees_sparse`]) is given by its support alone.
         let empty = Data::F32(Vec::new());
         let data = |v: usize| self.vals[v].as_ref().map_or(&empty, Buf::data);
-        let path = dot_known(
-            plan,
-            &exe.program.instrs[l].ty.shape,
-            data(l),
-            &exe.program.instrs[r].ty.shape,
-            data(r),
-            out,
-            tail,
+        let lhs = Operand::new(&exe.program.instrs[l].ty.shape, data(l));
+        let rhs = Operand::new(&exe.program.instrs[r].ty.shape, data(r));
+        let call = DotCall {
+            tail: *tail,
             known,
-        );
+            ..DotCall::new(plan, lhs, rhs)
+        };
+        let path = call.run(out);
         let copied = match plan.copies(path) {
             (false, false) => "",
             (true, false) => " (lhs copied)",
@@ -2534,7 +2532,9 @@ impl Dev<'_> {
                                 _ => None,
                             })
                             .collect();
-                        ms.and_then(|ms| dot_masked(plan, lv, rv, &ms, o))
+                        let lhs = Operand::new(&exe.program.instrs[l].ty.shape, &lv[..]);
+                        let rhs = Operand::new(&exe.program.instrs[r].ty.shape, &rv[..]);
+                        ms.and_then(|ms| DotCall::new(plan, lhs, rhs).run_masked(&ms, o))
                     }
                     _ => None,
                 };
@@ -2588,7 +2588,9 @@ impl Dev<'_> {
                         _ => None,
                     })
                     .collect();
-                match dot_masked_sums(plan, lv, rv, &masks, &sups, &mut sums) {
+                let lhs = Operand::new(&exe.program.instrs[l].ty.shape, lv);
+                let rhs = Operand::new(&exe.program.instrs[r].ty.shape, rv);
+                match DotCall::new(plan, lhs, rhs).run_masked_sums(&masks, &sups, &mut sums) {
                     Some(c) => {
                         (flops, detail) = masked_detail(plan, c);
                         detail.push_str(", summed");
@@ -2676,17 +2678,17 @@ impl Dev<'_> {
                             _ => None,
                         })
                         .collect();
-                    dot_then(
-                        plan,
-                        &exe.program.instrs[l].ty.shape,
-                        lv,
-                        &exe.program.instrs[r].ty.shape,
-                        rv,
-                        dv,
-                        &epi,
-                        &epi_in,
-                        &tail,
-                    )
+                    let lhs = Operand::new(&exe.program.instrs[l].ty.shape, &lv[..]);
+                    let rhs = Operand::new(&exe.program.instrs[r].ty.shape, &rv[..]);
+                    let call = DotCall {
+                        tail,
+                        ..DotCall::new(plan, lhs, rhs)
+                    };
+                    let epi = Epilogue {
+                        f: &epi,
+                        reads: &epi_in,
+                    };
+                    call.run_then(dv, &epi)
                 };
                 flops = plan.flops();
                 detail = format!(
@@ -2862,8 +2864,10 @@ fn kernel(p: &Program, ins: &Instr, args: &[&Data], out: &mut Data) {
             shape(0),
             args[1],
             shape(1),
-            *axis,
-            *batch_dims,
+            index::Axis {
+                axis: *axis,
+                batch_dims: *batch_dims,
+            },
             out,
         ),
         Op::ScatterAdd { axis, batch_dims } => index::scatter_add(
@@ -2872,8 +2876,10 @@ fn kernel(p: &Program, ins: &Instr, args: &[&Data], out: &mut Data) {
             args[1],
             shape(1),
             args[2],
-            *axis,
-            *batch_dims,
+            index::Axis {
+                axis: *axis,
+                batch_dims: *batch_dims,
+            },
             out,
         ),
         Op::Rng {

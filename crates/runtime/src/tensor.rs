@@ -11,7 +11,7 @@
 //!   (Rust `as i32`). So `-inf -> i32::MIN`, `+inf -> i32::MAX`.
 //! - to `bool`: `x != 0` (so NaN gives `true`); `bool` converts to 0 / 1.
 
-use crate::alloc::{human_bytes, try_collect, AllocError};
+use crate::alloc::{human_bytes, try_collect, try_zeroed_vec, AllocError};
 use half::bf16;
 use ir::{DType, Type};
 use thiserror::Error;
@@ -58,6 +58,28 @@ impl Data {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// A zero-filled buffer of `n` elements (`false` for bool).
+    pub fn zeros(dtype: DType, n: usize) -> Data {
+        match dtype {
+            DType::F32 => Data::F32(vec![0.0; n]),
+            DType::F64 => Data::F64(vec![0.0; n]),
+            DType::BF16 => Data::BF16(vec![bf16::ZERO; n]),
+            DType::I32 => Data::I32(vec![0; n]),
+            DType::Bool => Data::Bool(vec![false; n]),
+        }
+    }
+
+    /// [`Data::zeros`] (the same allocation), or the error when it cannot be allocated.
+    pub fn try_zeros(dtype: DType, n: usize) -> Result<Data, AllocError> {
+        Ok(match dtype {
+            DType::F32 => Data::F32(try_zeroed_vec(n)?),
+            DType::F64 => Data::F64(try_zeroed_vec(n)?),
+            DType::BF16 => Data::BF16(try_zeroed_vec(n)?),
+            DType::I32 => Data::I32(try_zeroed_vec(n)?),
+            DType::Bool => Data::Bool(try_zeroed_vec(n)?),
+        })
     }
 
     /// The elements as native-endian bytes (bool as 0/1 bytes): what a transport sends.
@@ -252,13 +274,13 @@ impl HostTensor {
 
     /// All zeros (false for bool).
     pub fn zeros(ty: Type) -> HostTensor {
-        let data = crate::kernels::zeros(ty.dtype, ty.num_elements());
+        let data = Data::zeros(ty.dtype, ty.num_elements());
         HostTensor { ty, data }
     }
 
     /// [`HostTensor::zeros`], or an error when the memory is not there.
     pub fn try_zeros(ty: Type) -> Result<HostTensor, TensorError> {
-        let data = crate::kernels::try_zeros(ty.dtype, ty.num_elements())
+        let data = Data::try_zeros(ty.dtype, ty.num_elements())
             .map_err(TensorError::out_of_memory(&ty))?;
         Ok(HostTensor { ty, data })
     }

@@ -177,39 +177,24 @@ fn float_dtypes() -> [DType; 3] {
     [DType::F32, DType::F64, DType::BF16]
 }
 
-const UNARY_FLOAT: [UnaryOp; 14] = [
-    UnaryOp::Neg,
-    UnaryOp::Abs,
-    UnaryOp::Sign,
-    UnaryOp::Exp,
-    UnaryOp::Log,
-    UnaryOp::Log1p,
-    UnaryOp::Sqrt,
-    UnaryOp::Rsqrt,
-    UnaryOp::Tanh,
-    UnaryOp::Logistic,
-    UnaryOp::Erf,
-    UnaryOp::Sin,
-    UnaryOp::Cos,
-    UnaryOp::Floor,
-];
-
-const BINARY_FLOAT: [BinaryOp; 8] = [
-    BinaryOp::Add,
-    BinaryOp::Sub,
-    BinaryOp::Mul,
-    BinaryOp::Div,
-    BinaryOp::Rem,
-    BinaryOp::Pow,
-    BinaryOp::Max,
-    BinaryOp::Min,
-];
+/// The ops of a family that take float operands, from the op set itself (a new op joins
+/// the random programs without a list to update).
+fn float_ops<T: Copy>(all: &[T], op: impl Fn(T) -> Op, arity: usize) -> Vec<T> {
+    let f32s = Type::new(DType::F32, vec![2]);
+    let operands = vec![&f32s; arity];
+    all.iter()
+        .copied()
+        .filter(|&x| ir::infer_type(&op(x), &operands, None, None).is_ok())
+        .collect()
+}
 
 /// A random chain of elementwise ops over two parameters of one float dtype, with splat
 /// constants, broadcasts of a smaller parameter, iota + compare + select and conversions
 /// mixed in; several intermediates are outputs (so some values are materialised and some
 /// fused).
 fn elementwise_program(rng: &mut Rng) -> (Program, HashMap<String, HostTensor>) {
+    let unary = float_ops(&UnaryOp::ALL, Op::Unary, 1);
+    let binary = float_ops(&BinaryOp::ALL, Op::Binary, 2);
     let dt = rng.pick(&float_dtypes());
     let shape = rng.shape(3, 5);
     let ty = Type::new(dt, shape.clone());
@@ -231,11 +216,11 @@ fn elementwise_program(rng: &mut Rng) -> (Program, HashMap<String, HostTensor>) 
         let a = pool[rng.below(pool.len())].clone();
         let c = pool[rng.below(pool.len())].clone();
         let v = match rng.below(10) {
-            0 | 1 => b.emit(Op::Unary(rng.pick(&UNARY_FLOAT)), &[&a], None),
-            2..=4 => b.emit(Op::Binary(rng.pick(&BINARY_FLOAT)), &[&a, &c], None),
+            0 | 1 => b.emit(Op::Unary(rng.pick(&unary)), &[&a], None),
+            2..=4 => b.emit(Op::Binary(rng.pick(&binary)), &[&a, &c], None),
             5 => {
                 let k = b.splat(rng.value(dt, false), ty.clone());
-                b.emit(Op::Binary(rng.pick(&BINARY_FLOAT)), &[&a, &k], None)
+                b.emit(Op::Binary(rng.pick(&binary)), &[&a, &k], None)
             }
             6 => {
                 let p = b.emit(Op::Compare(rng.pick(&CompareOp::ALL)), &[&a, &c], None);
@@ -1824,10 +1809,14 @@ fn masked_dots_summed_over_part_of_their_columns_keep_the_product() {
 /// ReLU-masked gradient: row-major lhs operands about half zeros. Where the CPU has AVX2
 /// their GEMMs take the row-sparse path, which must give the dense GEMM's bits (NaN in the
 /// lhs, an inf in the rhs, contractions over two `KC` blocks and under one column group
-/// included) and match the reference within the contraction tolerance.
+/// included) and match the reference within the contraction tolerance. The executor runs
+/// the default kernels; the dense bits are the dot kernel's with the row-sparse path
+/// forbidden (`GemmOptions::sparse_a`).
 #[test]
 fn relu_sparse_dots_give_the_dense_bits() {
-    use runtime::kernels::sgemm;
+    use runtime::kernels::dot::{DotCall, DotPlan, Operand};
+    use runtime::kernels::sgemm::{self, GemmOptions};
+    use runtime::Data;
     let (e, t, m, h) = (2, 96, 64, 320);
     let build = |abs: bool| {
         let b = Builder::new();
@@ -1873,34 +1862,69 @@ fn relu_sparse_dots_give_the_dense_bits() {
         .num_threads(1)
         .build()
         .unwrap();
-    let run = |sparse: bool| {
+    // The executor, with the default kernels: the row-sparse path where the CPU has it.
+    let (sparse, blocks) = pool.install(|| {
+        let before = sgemm::sparse_blocks_run_here();
+        let out = Executable::new(&p)
+            .unwrap()
+            .run(&InProcess::new(1), std::slice::from_ref(&ins), None)
+            .unwrap()
+            .outputs
+            .remove(0);
+        (out, sgemm::sparse_blocks_run_here() - before)
+    });
+    // The same two products through the dot kernel, the row-sparse path forbidden, then
+    // allowed: `(name, values)` of each, and the blocks the row-sparse path multiplied.
+    let products = |opts: GemmOptions| {
         pool.install(|| {
-            sgemm::set_sparse_a(sparse);
             let before = sgemm::sparse_blocks_run_here();
-            let out = Executable::new(&p)
-                .unwrap()
-                .run(&InProcess::new(1), std::slice::from_ref(&ins), None)
-                .unwrap()
-                .outputs
-                .remove(0);
-            sgemm::set_sparse_a(true);
-            (out, sgemm::sparse_blocks_run_here() - before)
+            let outs: Vec<(&str, Vec<f64>)> = [("y", "act", "v", 1), ("dx", "gm", "w", 2)]
+                .into_iter()
+                .map(|(name, l, r, rc)| {
+                    let (l, r) = (&ins[l], &ins[r]);
+                    let plan = DotPlan::new(l.shape(), r.shape(), &batched(2, rc));
+                    let mut out = Data::F32(vec![0.0; plan.b * plan.m * plan.n]);
+                    let call = DotCall {
+                        opts,
+                        ..DotCall::new(
+                            &plan,
+                            Operand::new(l.shape(), &l.data),
+                            Operand::new(r.shape(), &r.data),
+                        )
+                    };
+                    call.run(&mut out);
+                    (name, out.to_f64_vec())
+                })
+                .collect();
+            (outs, sgemm::sparse_blocks_run_here() - before)
         })
     };
-    let (dense, none) = run(false);
-    let (sparse, blocks) = run(true);
+    let dense_only = GemmOptions {
+        sparse_a: false,
+        ..GemmOptions::default()
+    };
+    let (dense, none) = products(dense_only);
+    let (allowed, allowed_blocks) = products(GemmOptions::default());
     assert_eq!(none, 0);
     if sgemm::sparse_available() {
         assert!(blocks > 0, "the row-sparse path did not run");
+        assert!(
+            allowed_blocks > 0,
+            "the row-sparse path did not run in the kernel"
+        );
     } else {
         eprintln!("note: no AVX2 and FMA here, so both runs took the dense GEMM");
     }
-    for name in ["y", "dx"] {
-        let (d, s) = (dense[name].to_f64_vec(), sparse[name].to_f64_vec());
-        for (i, (a, b)) in d.iter().zip(&s).enumerate() {
+    for ((name, d), (_, a)) in dense.iter().zip(&allowed) {
+        let s = sparse[*name].to_f64_vec();
+        for (i, ((x, y), z)) in d.iter().zip(&s).zip(a).enumerate() {
             assert!(
-                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
-                "{name}[{i}]: dense {a:e} vs row-sparse {b:e}"
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "{name}[{i}]: dense {x:e} vs the executor's row-sparse {y:e}"
+            );
+            assert!(
+                x.to_bits() == z.to_bits() || (x.is_nan() && z.is_nan()),
+                "{name}[{i}]: dense {x:e} vs row-sparse {z:e}"
             );
         }
     }

@@ -8,7 +8,7 @@
 //! Skips with a notice on CPUs without AVX2/FMA.
 
 use proptest::prelude::*;
-use runtime::kernels::sgemm::{available, set_sparse_a, sgemm_ahead, MatMut, MatRef};
+use runtime::kernels::sgemm::{available, GemmOptions, MatMut, MatRef, Sgemm, Table};
 
 mod common;
 use common::cases;
@@ -118,29 +118,32 @@ proptest! {
         let at = |i: usize, j: usize| {
             rows.as_ref().map_or(i * crs, |t| t[i]) + cols.as_ref().map_or(j * ccs, |t| t[j])
         };
+        let table = match (&rows, &cols) {
+            (Some(t), _) => Some(Table::Rows(t.as_ptr())),
+            (None, Some(t)) => Some(Table::Cols(t.as_ptr())),
+            (None, None) => None,
+        };
         let cm = MatMut {
-            rows: rows.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()),
-            cols: cols.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()),
+            table,
             // Half the cases stream the result (non-temporal stores where the tiles can):
             // the same bits.
             stream: rng.below(2) == 0,
             ..MatMut::strided(c.as_mut_ptr(), crs, ccs)
         };
-        // SAFETY: AVX2/FMA checked above; each buffer holds exactly the elements its
-        // strides address, and nothing else touches `c`.
         // Half the cases fetch "the next GEMM's operands" (here a and b again, and a span
         // past the end, which a prefetch may name) while they compute: results unchanged.
-        let ahead = [(sa.as_ptr(), sa.len()), (sb.as_ptr(), sb.len()), (sb.as_ptr().wrapping_add(sb.len()), 4096)];
-        let ahead: &[(*const f32, usize)] = if rng.below(2) == 0 { &ahead } else { &[] };
+        let ahead = [(sa.as_ptr() as usize, sa.len()), (sb.as_ptr() as usize, sb.len()), (sb.as_ptr().wrapping_add(sb.len()) as usize, 4096)];
+        let ahead: &[(usize, usize)] = if rng.below(2) == 0 { &ahead } else { &[] };
         let (ar, br) = (MatRef { ptr: sa.as_ptr(), rs: ars, cs: acs }, MatRef { ptr: sb.as_ptr(), rs: brs, cs: bcs });
-        unsafe { sgemm_ahead(m, n, k, ar, br, cm, ahead) };
+        // SAFETY: AVX2/FMA checked above; each buffer holds exactly the elements its
+        // strides address, and nothing else touches `c`.
+        unsafe { Sgemm { ahead, ..Sgemm::new(m, n, k, ar, br, cm) }.run() };
         // The dense path on the same operands (the row-sparse one forbidden): the same bits.
         let mut c_dense = vec![f32::NAN; m * n];
         let cd = MatMut { ptr: c_dense.as_mut_ptr(), ..cm };
-        set_sparse_a(false);
+        let opts = GemmOptions { sparse_a: false, ..GemmOptions::default() };
         // SAFETY: as above, into a buffer of the same size.
-        unsafe { sgemm_ahead(m, n, k, ar, br, cd, ahead) };
-        set_sparse_a(true);
+        unsafe { Sgemm { ahead, opts, ..Sgemm::new(m, n, k, ar, br, cd) }.run() };
         for (x, (d, g)) in c_dense.iter().zip(&c).enumerate() {
             prop_assert!(
                 d.to_bits() == g.to_bits() || (d.is_nan() && g.is_nan()),
@@ -168,7 +171,6 @@ proptest! {
 /// `m x n x k` of the row-major `a` and `b` into a 64-byte aligned result of `len` floats
 /// (every other one NaN) whose element `(i, j)` is at `i * rs + j * cs`, its stores
 /// streamed or not; the whole result buffer.
-#[allow(clippy::too_many_arguments)]
 fn product_into_aligned(
     (m, n, k): (usize, usize, usize),
     a: &[f32],
@@ -195,7 +197,7 @@ fn product_into_aligned(
         ..MatMut::strided(c.as_mut_ptr(), rs, cs)
     };
     // SAFETY: the callers check AVX2/FMA; `c` holds every element the strides address.
-    unsafe { sgemm_ahead(m, n, k, ar, br, cm, &[]) };
+    unsafe { Sgemm::new(m, n, k, ar, br, cm).run() };
     c.to_vec()
 }
 

@@ -9,8 +9,17 @@
 use crate::tensor::{f64_to_bf16, Data};
 use half::bf16;
 
+/// The dim a gather or scatter-add indexes (`axis` of `x`), and how many leading dims of
+/// `x` the indices share (`batch_dims`, all before `axis`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Axis {
+    pub axis: usize,
+    pub batch_dims: usize,
+}
+
 /// `(P, A, I, Q, J)`: `Q` is the number of non-batch leading rows per batch entry.
-fn views(x_shape: &[usize], idx_shape: &[usize], axis: usize, batch_dims: usize) -> [usize; 5] {
+fn views(x_shape: &[usize], idx_shape: &[usize], ax: Axis) -> [usize; 5] {
+    let Axis { axis, batch_dims } = ax;
     let p: usize = x_shape[..axis].iter().product();
     let a = x_shape[axis];
     let i: usize = x_shape[axis + 1..].iter().product();
@@ -38,14 +47,13 @@ pub fn gather(
     x_shape: &[usize],
     idx: &Data,
     idx_shape: &[usize],
-    axis: usize,
-    batch_dims: usize,
+    ax: Axis,
     out: &mut Data,
 ) {
     let Data::I32(idx) = idx else {
         panic!("gather indices are i32")
     };
-    let v = views(x_shape, idx_shape, axis, batch_dims);
+    let v = views(x_shape, idx_shape, ax);
     let inner = v[2];
     fn go<T: Copy>(x: &[T], o: &mut [T], idx: &[i32], v: [usize; 5], inner: usize, zero: T) {
         for_each_row(idx, v, |src, dst| {
@@ -66,7 +74,6 @@ pub fn gather(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// `base` plus every update added where gather would read it (`out` has `base`'s type).
 pub fn scatter_add(
     base: &Data,
@@ -74,27 +81,28 @@ pub fn scatter_add(
     idx: &Data,
     idx_shape: &[usize],
     upd: &Data,
-    axis: usize,
-    batch_dims: usize,
+    ax: Axis,
     out: &mut Data,
 ) {
     let Data::I32(idx) = idx else {
         panic!("scatter indices are i32")
     };
-    let v = views(x_shape, idx_shape, axis, batch_dims);
-    let inner = v[2];
-    #[allow(clippy::too_many_arguments)]
-    fn go<T: Copy, A: Copy>(
+    let v = views(x_shape, idx_shape, ax);
+    /// The scatter in the accumulation type `A`: `widen` each value into it, `add` there,
+    /// `narrow` each sum back once.
+    fn go<T: Copy, A: Copy, W, S, N>(
         base: &[T],
         upd: &[T],
         o: &mut [T],
         idx: &[i32],
         v: [usize; 5],
-        inner: usize,
-        widen: impl Fn(T) -> A,
-        add: impl Fn(A, A) -> A,
-        narrow: impl Fn(A) -> T,
-    ) {
+        (widen, add, narrow): (W, S, N),
+    ) where
+        W: Fn(T) -> A,
+        S: Fn(A, A) -> A,
+        N: Fn(A) -> T,
+    {
+        let inner = v[2];
         // Rows no update reaches are the base's values (through the same widen/narrow);
         // only the rows updates reach are accumulated, each in its own slot of a compact
         // buffer (base row first, then its updates in index order, rounded once): a large
@@ -130,42 +138,22 @@ pub fn scatter_add(
         }
     }
     match (base, upd, out) {
-        (Data::F32(b), Data::F32(u), Data::F32(o)) => go(
-            b,
-            u,
-            o,
-            idx,
-            v,
-            inner,
-            |x| x as f64,
-            |a, b| a + b,
-            |a| a as f32,
-        ),
-        (Data::F64(b), Data::F64(u), Data::F64(o)) => {
-            go(b, u, o, idx, v, inner, |x| x, |a, b| a + b, |a| a)
+        (Data::F32(b), Data::F32(u), Data::F32(o)) => {
+            let rule = (|x: f32| x as f64, |a: f64, b: f64| a + b, |a: f64| a as f32);
+            go(b, u, o, idx, v, rule)
         }
-        (Data::BF16(b), Data::BF16(u), Data::BF16(o)) => go(
-            b,
-            u,
-            o,
-            idx,
-            v,
-            inner,
-            |x: bf16| x.to_f64(),
-            |a, b| a + b,
-            f64_to_bf16,
-        ),
-        (Data::I32(b), Data::I32(u), Data::I32(o)) => go(
-            b,
-            u,
-            o,
-            idx,
-            v,
-            inner,
-            |x| x,
-            |a: i32, b| a.wrapping_add(b),
-            |a| a,
-        ),
+        (Data::F64(b), Data::F64(u), Data::F64(o)) => {
+            let rule = (|x: f64| x, |a: f64, b: f64| a + b, |a: f64| a);
+            go(b, u, o, idx, v, rule)
+        }
+        (Data::BF16(b), Data::BF16(u), Data::BF16(o)) => {
+            let rule = (|x: bf16| x.to_f64(), |a: f64, b: f64| a + b, f64_to_bf16);
+            go(b, u, o, idx, v, rule)
+        }
+        (Data::I32(b), Data::I32(u), Data::I32(o)) => {
+            let rule = (|x: i32| x, |a: i32, b: i32| a.wrapping_add(b), |a: i32| a);
+            go(b, u, o, idx, v, rule)
+        }
         (b, _, o) => panic!("scatter_add of {} into {}", b.dtype(), o.dtype()),
     }
 }

@@ -82,7 +82,6 @@ fn for_each_offset2(
 
 /// Copy the `shape` block of `src` (offset `soff`, strides `sst`) into `dst` (offset `doff`,
 /// strides `dstst`). Sequential.
-#[allow(clippy::too_many_arguments)]
 pub fn copy_strided<T: Copy>(
     src: &[T],
     soff: usize,

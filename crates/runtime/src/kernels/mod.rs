@@ -32,9 +32,8 @@ pub mod reduce;
 pub mod sgemm;
 pub mod vmath;
 
-use crate::alloc::{try_zeroed_vec, AllocError};
+use crate::alloc::AllocError;
 use crate::tensor::{f64_to_bf16, Data};
-use half::bf16;
 use ir::DType;
 
 /// Element counts above which a kernel splits its work over the rayon pool.
@@ -134,27 +133,15 @@ macro_rules! with_data2 {
     };
 }
 
-/// A zero-filled buffer of `n` elements, or the error when it cannot be allocated (the
-/// same allocation as [`zeros`]).
+/// A zero-filled buffer of `n` elements, or the error when it cannot be allocated
+/// ([`Data::try_zeros`]).
 pub fn try_zeros(dtype: DType, n: usize) -> Result<Data, AllocError> {
-    Ok(match dtype {
-        DType::F32 => Data::F32(try_zeroed_vec(n)?),
-        DType::F64 => Data::F64(try_zeroed_vec(n)?),
-        DType::BF16 => Data::BF16(try_zeroed_vec(n)?),
-        DType::I32 => Data::I32(try_zeroed_vec(n)?),
-        DType::Bool => Data::Bool(try_zeroed_vec(n)?),
-    })
+    Data::try_zeros(dtype, n)
 }
 
-/// A zero-filled buffer of `n` elements.
+/// A zero-filled buffer of `n` elements ([`Data::zeros`]).
 pub fn zeros(dtype: DType, n: usize) -> Data {
-    match dtype {
-        DType::F32 => Data::F32(vec![0.0; n]),
-        DType::F64 => Data::F64(vec![0.0; n]),
-        DType::BF16 => Data::BF16(vec![bf16::ZERO; n]),
-        DType::I32 => Data::I32(vec![0; n]),
-        DType::Bool => Data::Bool(vec![false; n]),
-    }
+    Data::zeros(dtype, n)
 }
 
 /// Bytes of a buffer's elements.

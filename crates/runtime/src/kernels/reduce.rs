@@ -497,17 +497,18 @@ pub fn cumsum(
     out: &mut Data,
 ) {
     let (outer, n, inner) = split_dim(shape, dim);
-    #[allow(clippy::too_many_arguments)]
-    fn run<T: Copy, A: Copy>(
+    /// The scan in the accumulation type `A`: from `zero`, `add` each value, `fin` each
+    /// prefix back.
+    fn run<T: Copy, A: Copy, S, F>(
         x: &[T],
         o: &mut [T],
         (outer, n, inner): (usize, usize, usize),
-        exclusive: bool,
-        reverse: bool,
-        zero: A,
-        add: impl Fn(A, T) -> A,
-        fin: impl Fn(A) -> T,
-    ) {
+        (exclusive, reverse): (bool, bool),
+        (zero, add, fin): (A, S, F),
+    ) where
+        S: Fn(A, T) -> A,
+        F: Fn(A) -> T,
+    {
         let mut acc = vec![zero; inner];
         for b in 0..outer {
             acc.fill(zero);
@@ -528,40 +529,24 @@ pub fn cumsum(
         }
     }
     let dims = (outer, n, inner);
+    let dir = (exclusive, reverse);
     match (x, out) {
-        (Data::F32(v), Data::F32(o)) => run(
-            v,
-            o,
-            dims,
-            exclusive,
-            reverse,
-            0.0f64,
-            |a, x| a + x as f64,
-            |a| a as f32,
-        ),
-        (Data::F64(v), Data::F64(o)) => {
-            run(v, o, dims, exclusive, reverse, 0.0f64, |a, x| a + x, |a| a)
+        (Data::F32(v), Data::F32(o)) => {
+            let rule = (0.0f64, |a: f64, x: f32| a + x as f64, |a: f64| a as f32);
+            run(v, o, dims, dir, rule)
         }
-        (Data::BF16(v), Data::BF16(o)) => run(
-            v,
-            o,
-            dims,
-            exclusive,
-            reverse,
-            0.0f64,
-            |a, x: bf16| a + x.to_f64(),
-            f64_to_bf16,
-        ),
-        (Data::I32(v), Data::I32(o)) => run(
-            v,
-            o,
-            dims,
-            exclusive,
-            reverse,
-            0i32,
-            |a: i32, x| a.wrapping_add(x),
-            |a| a,
-        ),
+        (Data::F64(v), Data::F64(o)) => {
+            let rule = (0.0f64, |a: f64, x: f64| a + x, |a: f64| a);
+            run(v, o, dims, dir, rule)
+        }
+        (Data::BF16(v), Data::BF16(o)) => {
+            let rule = (0.0f64, |a: f64, x: bf16| a + x.to_f64(), f64_to_bf16);
+            run(v, o, dims, dir, rule)
+        }
+        (Data::I32(v), Data::I32(o)) => {
+            let rule = (0i32, |a: i32, x: i32| a.wrapping_add(x), |a: i32| a);
+            run(v, o, dims, dir, rule)
+        }
         (x, o) => panic!("cumsum of {} into {}", x.dtype(), o.dtype()),
     }
 }

@@ -125,32 +125,51 @@ pub unsafe fn worth(rows: &[usize], k: usize, a: impl Fn(usize) -> *const f32) -
     (nonzero as f64) <= MAX_DENSITY * (picks * len) as f64
 }
 
-/// One `KC` block: `C[i, 0..nc] (=|+=) A[i, steps] · B[steps, 0..nc]` for each row `i` of
-/// `rows`, `A`'s row `i` at `a(i)` (`kc` contiguous floats: the block's steps), `B` finite,
-/// packed by `pack_b` in panels `GROUP` columns wide (`pb[g*GROUP*kc + kk*GROUP + j]`,
-/// zero past `nc`; `bs = GROUP`), or read in place when it is one group whose rows are
-/// contiguous (`nc <= GROUP`, a multiple of 8; step `kk`'s row at `pb + kk*bs`; with the
-/// sixteen-lane chains `nc = bs = GROUP`), `C`'s row
-/// `i` at `c(i)` (`nc` contiguous floats). `first`: write the block's sums; otherwise add
-/// them to `C` (the sums are formed apart in `tmp`, `rows.len() * nc` floats, then added:
-/// the dense kernel's order). `fetch` is called once per row and slice.
+/// One `KC` block of a row-sparse product, as [`block`] multiplies it: `C[i, 0..nc] (=|+=)
+/// A[i, steps] · B[steps, 0..nc]` for each row `i` of `rows`, `A`'s row `i` at `a(i)` (`kc`
+/// contiguous floats: the block's steps), `B` finite, packed by `pack_b` in panels `GROUP`
+/// columns wide (`b[g*GROUP*kc + kk*GROUP + j]`, zero past `nc`; `bs = GROUP`), or read in
+/// place when it is one group whose rows are contiguous (`nc <= GROUP`, a multiple of 8;
+/// step `kk`'s row at `b + kk*bs`; with the sixteen-lane chains `nc = bs = GROUP`), `C`'s
+/// row `i` at `c(i)` (`nc` contiguous floats). `first`: write the block's sums; otherwise
+/// add them to `C`. `wide`: the sixteen-lane chains (where the dense kernel takes AVX-512
+/// tiles; both give the same bits), else the eight-lane ones.
+pub struct Block<'a, A, C> {
+    pub rows: &'a [usize],
+    pub kc: usize,
+    pub nc: usize,
+    pub a: A,
+    pub b: *const f32,
+    pub bs: usize,
+    pub c: C,
+    pub first: bool,
+    pub wide: bool,
+}
+
+/// Multiply one block (see [`Block`]). Without `first`, the sums are formed apart in `tmp`
+/// (`rows.len() * nc` floats), then added: the dense kernel's order. `fetch` is called once
+/// per row and slice.
 ///
 /// # Safety
-/// [`available`]; the pointers address what is said above, and no other thread touches the
-/// rows of `C`; `B` read in place with `bs = GROUP` where the sixteen-lane chains run.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn block(
-    rows: &[usize],
-    kc: usize,
-    nc: usize,
-    a: impl Fn(usize) -> *const f32,
-    pb: *const f32,
-    bs: usize,
-    c: impl Fn(usize) -> *mut f32,
-    first: bool,
-    tmp: &mut [f32],
-    mut fetch: impl FnMut(),
-) {
+/// [`available`]; the pointers address what [`Block`] says, and no other thread touches the
+/// rows of `C`; `B` read in place with `bs = GROUP` where the sixteen-lane chains run
+/// (`wide`, only where the CPU has AVX-512F).
+pub unsafe fn block<A, C>(blk: Block<'_, A, C>, tmp: &mut [f32], mut fetch: impl FnMut())
+where
+    A: Fn(usize) -> *const f32,
+    C: Fn(usize) -> *mut f32,
+{
+    let Block {
+        rows,
+        kc,
+        nc,
+        a,
+        b: pb,
+        bs,
+        c,
+        first,
+        wide,
+    } = blk;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the caller's contract; `tmp` holds a row of `nc` floats per row of `rows`.
     unsafe {
@@ -158,9 +177,6 @@ pub unsafe fn block(
         assert!(first || tmp.len() >= rows.len() * nc);
         THREAD_BLOCKS.with(|b| b.set(b.get() + 1));
         let tp = tmp.as_mut_ptr();
-        // The sixteen-lane chain where the dense kernel takes AVX-512 tiles (both give the
-        // same bits; `set_wide(false)` runs the eight-lane one, for tests and comparisons).
-        let wide = super::wide_tiles();
         let bits_of = |p: *const f32, len: usize| {
             if wide {
                 avx512::nonzero_bits(p, len)
@@ -227,7 +243,7 @@ pub unsafe fn block(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (rows, kc, nc, a, pb, bs, c, first, tmp, &mut fetch);
+        let _ = (rows, kc, nc, a, pb, bs, c, first, wide, tmp, &mut fetch);
         unreachable!("sparse::available() is false off x86-64");
     }
 }

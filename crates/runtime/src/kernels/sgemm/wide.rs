@@ -17,7 +17,7 @@
 //! the two kernels give the same bits.
 
 #[cfg(target_arch = "x86_64")]
-use super::{MR, NR};
+use super::{Tile, MR, NR};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::lanes;
 #[cfg(target_arch = "x86_64")]
@@ -144,37 +144,38 @@ unsafe fn prefetch_c<const P: usize>(c: &[*mut f32], cs: usize) {
     }
 }
 
-/// The `R x 16P` micro-kernel: `C[tile] (=|+=) A · B` over `kc` steps, `A` row `i` of the
-/// tile at `a(i, p)` for step `p` (a packed panel, a row read in place, or a column-major
-/// `A` read in place), `B` panel `q`'s step `p` at `b + q * ps + p * bs` (packed: `bs = NR`;
-/// read in place: `ps = NR` and `bs` the row stride); writes the left `nr` columns of rows
-/// `c[..R]`, columns `cs` apart (`first`: overwrite, else accumulate). `pf = (address, lines)`: cache
-/// lines to fetch for later (see `Fetch`), one per step rather than all before the tile: a
-/// burst of a few dozen fetches that miss to memory fills the core's miss buffers and stalls
-/// the tile until they drain (the fetch loop took ~4 % of an MoE step's samples).
+/// The `R x 16P` micro-kernel: `C[tile] (=|+=) A · B` over the tile's `kc` steps, `A` row
+/// `i` of the tile at `a(i, p)` for step `p` (a packed panel, a row read in place, or a
+/// column-major `A` read in place), `B` panel `q`'s step `p` at `b + q * ps + p * bs`
+/// (packed: `bs = NR`; read in place: `ps = NR` and `bs` the row stride); writes the left
+/// `nr` columns of rows `c[..R]`, columns `cs` apart (`first`: overwrite, else accumulate).
+/// `pf = (address, lines)`: cache lines to fetch for later (see `Fetch`), one per step
+/// rather than all before the tile: a burst of a few dozen fetches that miss to memory
+/// fills the core's miss buffers and stalls the tile until they drain (the fetch loop took
+/// ~4 % of an MoE step's samples).
 ///
 /// # Safety
 /// AVX-512F; every `a(i, p)` (`i < R`, `p < kc`) readable; the `NR` floats at
 /// `b + q * ps + p * bs` readable for `q < P`, `p < kc`; the `R x nr` elements
-/// `c[i] + j*cs` writable and touched by no other thread. `stream`: write a whole, line-aligned first tile with
-/// non-temporal stores (the caller fences them).
+/// `c[i] + j*cs` writable and touched by no other thread. `stream`: write a whole,
+/// line-aligned first tile with non-temporal stores (the caller fences them).
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn kernel<const R: usize, const P: usize>(
-    kc: usize,
-    a: impl Fn(usize, usize) -> *const f32,
-    b: *const f32,
-    ps: usize,
-    bs: usize,
-    c: &[*mut f32; MR],
-    cs: usize,
-    nr: usize,
-    first: bool,
-    pf: (usize, usize),
-    stream: bool,
-) {
+unsafe fn kernel<const R: usize, const P: usize>(t: &Tile, a: impl Fn(usize, usize) -> *const f32) {
+    let Tile {
+        kc,
+        b,
+        ps,
+        bs,
+        c,
+        cs,
+        nr,
+        first,
+        pf,
+        stream,
+        ..
+    } = *t;
     // SAFETY: the caller's contract bounds every pointer offset below.
     unsafe {
         // A streamed tile (`stream`, written whole: every row's `16 P` floats one aligned
@@ -263,26 +264,12 @@ macro_rules! by_shape {
 /// # Safety
 /// As [`kernel`], with `a[p * ast + i]` readable for `p < kc`, `i < R`.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
-unsafe fn packed<const R: usize, const P: usize>(
-    kc: usize,
-    a: *const f32,
-    ast: usize,
-    b: *const f32,
-    ps: usize,
-    bs: usize,
-    c: &[*mut f32; MR],
-    cs: usize,
-    nr: usize,
-    first: bool,
-    pf: (usize, usize),
-    stream: bool,
-) {
+unsafe fn packed<const R: usize, const P: usize>(t: &Tile, a: *const f32, ast: usize) {
     // SAFETY: the caller's contract.
     unsafe {
         let a = |i: usize, p: usize| a.add(p * ast + i);
-        kernel::<R, P>(kc, a, b, ps, bs, c, cs, nr, first, pf, stream)
+        kernel::<R, P>(t, a)
     }
 }
 
@@ -292,26 +279,13 @@ unsafe fn packed<const R: usize, const P: usize>(
 /// # Safety
 /// As [`kernel`], with `kc` floats readable at each `a[i]`, `i < R`.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
-unsafe fn rows<const R: usize, const P: usize>(
-    kc: usize,
-    a: &[*const f32; MR],
-    b: *const f32,
-    ps: usize,
-    bs: usize,
-    c: &[*mut f32; MR],
-    cs: usize,
-    nr: usize,
-    first: bool,
-    pf: (usize, usize),
-    stream: bool,
-) {
+unsafe fn rows<const R: usize, const P: usize>(t: &Tile, a: &[*const f32; MR]) {
     let r: [*const f32; R] = std::array::from_fn(|i| a[i]);
     // SAFETY: the caller's contract.
     unsafe {
         let a = |i: usize, p: usize| r[i].add(p);
-        kernel::<R, P>(kc, a, b, ps, bs, c, cs, nr, first, pf, stream)
+        kernel::<R, P>(t, a)
     }
 }
 
@@ -323,31 +297,10 @@ unsafe fn rows<const R: usize, const P: usize>(
 /// As [`kernel`] with `R = mr` (`1 <= mr <= MR`), `P = nr.div_ceil(NR)`, `a[p * ast + i]`
 /// readable for `p < kc`, `i < mr`.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn tile(
-    kc: usize,
-    a: *const f32,
-    ast: usize,
-    b: *const f32,
-    ps: usize,
-    bs: usize,
-    c: &[*mut f32; MR],
-    cs: usize,
-    mr: usize,
-    nr: usize,
-    first: bool,
-    pf: (usize, usize),
-    stream: bool,
-) {
+pub(super) unsafe fn tile(t: &Tile, a: *const f32, ast: usize) {
     // SAFETY: the caller's contract.
-    unsafe {
-        by_shape!(
-            mr,
-            nr.div_ceil(NR),
-            packed(kc, a, ast, b, ps, bs, c, cs, nr, first, pf, stream)
-        )
-    }
+    unsafe { by_shape!(t.mr, t.nr.div_ceil(NR), packed(t, a, ast)) }
 }
 
 /// One `mr x nr` tile (`nr <= PANELS * NR`) reading A in place; B's panels `ps` apart,
@@ -358,28 +311,8 @@ pub(super) unsafe fn tile(
 /// As [`kernel`] with `R = mr` (`1 <= mr <= MR`), `P = nr.div_ceil(NR)`, `kc` floats
 /// readable at each `a[i]`, `i < mr`.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn tile_rows(
-    kc: usize,
-    a: &[*const f32; MR],
-    b: *const f32,
-    ps: usize,
-    bs: usize,
-    c: &[*mut f32; MR],
-    cs: usize,
-    mr: usize,
-    nr: usize,
-    first: bool,
-    pf: (usize, usize),
-    stream: bool,
-) {
+pub(super) unsafe fn tile_rows(t: &Tile, a: &[*const f32; MR]) {
     // SAFETY: the caller's contract.
-    unsafe {
-        by_shape!(
-            mr,
-            nr.div_ceil(NR),
-            rows(kc, a, b, ps, bs, c, cs, nr, first, pf, stream)
-        )
-    }
+    unsafe { by_shape!(t.mr, t.nr.div_ceil(NR), rows(t, a)) }
 }
