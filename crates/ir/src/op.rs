@@ -402,6 +402,11 @@ impl Op {
         }
     }
 
+    /// The collective's kind, if this op is one.
+    pub fn collective_kind(&self) -> Option<&CollectiveKind> {
+        self.as_collective().map(|c| &c.kind)
+    }
+
     /// `all_reduce` over `axes`.
     pub fn all_reduce(op: ReduceOp, axes: Vec<String>) -> Op {
         Op::collective(CollectiveKind::AllReduce { op }, axes)

@@ -93,7 +93,7 @@ use crate::kernels::{bytes, conv, index, layout, reduce, scalar_f64, strides, tr
 use crate::profile::{Profiler, TraceEvent};
 use crate::reference::RuntimeError;
 use crate::tensor::{Data, HostTensor};
-use ir::{BinaryOp, DType, Instr, Literal, Mesh, Op, Program, Type};
+use ir::{BinaryOp, CollectiveKind, DType, Instr, Literal, Mesh, Op, Program, Type};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -320,11 +320,7 @@ fn fusible(op: &Op) -> bool {
         | Op::ScatterAdd { .. }
         | Op::Rng { .. }
         | Op::PartitionId
-        | Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => false,
+        | Op::Collective(_) => false,
     }
 }
 
@@ -358,11 +354,7 @@ fn generator(op: &Op) -> bool {
         | Op::ScatterAdd { .. }
         | Op::Rng { .. }
         | Op::PartitionId
-        | Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => false,
+        | Op::Collective(_) => false,
     }
 }
 
@@ -547,11 +539,7 @@ impl GroupBuilder<'_> {
             | Op::ScatterAdd { .. }
             | Op::Rng { .. }
             | Op::PartitionId
-            | Op::AllReduce { .. }
-            | Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllToAll { .. }
-            | Op::CollectivePermute { .. } => {
+            | Op::Collective(_) => {
                 let k = self.input(v);
                 self.push(Node::Input(k), dt)
             }
@@ -620,7 +608,7 @@ fn trivial_collective(p: &Program, op: &Op) -> bool {
         (Some(axes), Some(mesh)) => mesh.size_of(axes),
         _ => return false,
     };
-    let sends_to_itself = if let Op::CollectivePermute { pairs, .. } = op {
+    let sends_to_itself = if let Some(CollectiveKind::Permute { pairs }) = op.collective_kind() {
         pairs.contains(&(0, 0))
     } else {
         true
@@ -664,11 +652,7 @@ fn identity_op(p: &Program, i: usize, op: &Op) -> bool {
         | Op::ScatterAdd { .. }
         | Op::Rng { .. }
         | Op::PartitionId
-        | Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => false,
+        | Op::Collective(_) => false,
     }
 }
 
@@ -1291,8 +1275,10 @@ impl Executable {
                     // no pass of its own.
                     // (Only where the transpose keeps the last dim last: each block is
                     // then copied as whole rows.)
-                    let fold = match (op, consumers[i].as_slice(), is_output[i]) {
-                        (Op::AllToAll { .. }, &[c], false) if !reference_kernels => {
+                    let fold = match (op.collective_kind(), consumers[i].as_slice(), is_output[i]) {
+                        (Some(CollectiveKind::AllToAll { .. }), &[c], false)
+                            if !reference_kernels =>
+                        {
                             match &p.instrs[c].op {
                                 Op::Transpose { perm }
                                     if perm.last() == Some(&(perm.len() - 1)) =>
@@ -1417,7 +1403,12 @@ impl Executable {
                     // its result (no transposes after the sum, alone at the end of a
                     // step, one per device).
                     let summed = match (consumers[i].as_slice(), is_output[i]) {
-                        (&[r], false) if matches!(p.instrs[r].op, Op::AllReduce { .. }) => {
+                        (&[r], false)
+                            if matches!(
+                                p.instrs[r].op.collective_kind(),
+                                Some(CollectiveKind::AllReduce { .. })
+                            ) =>
+                        {
                             match (consumers[r].as_slice(), is_output[r]) {
                                 (&[c], false) => match &p.instrs[c].op {
                                     Op::Transpose { perm } => Some((c, perm)),
@@ -1463,13 +1454,7 @@ impl Executable {
                 | Op::Gather { .. }
                 | Op::ScatterAdd { .. }
                 | Op::Rng { .. }
-                | Op::AllReduce { .. }
-                | Op::AllGather { .. }
-                | Op::ReduceScatter { .. }
-                | Op::AllToAll { .. }
-                | Op::CollectivePermute { .. } => {
-                    steps.push(step(Kind::Kernel, operands, "kernel", label))
-                }
+                | Op::Collective(_) => steps.push(step(Kind::Kernel, operands, "kernel", label)),
             }
         }
         if !reference_kernels {
@@ -1630,8 +1615,10 @@ impl Executable {
                     .filter(|&si| {
                         let s = &steps[si];
                         let v = s.reads[0];
-                        matches!(p.instrs[s.instr].op, Op::AllToAll { .. })
-                            && p.instrs[v].ty.num_elements() >= SMALL_COLLECTIVE
+                        matches!(
+                            p.instrs[s.instr].op.collective_kind(),
+                            Some(CollectiveKind::AllToAll { .. })
+                        ) && p.instrs[v].ty.num_elements() >= SMALL_COLLECTIVE
                             && made_at.get(&v).is_some_and(|&at| at < range.end)
                     })
                     .collect()
@@ -2903,11 +2890,7 @@ fn kernel(p: &Program, ins: &Instr, args: &[&Data], out: &mut Data) {
         | Op::StopGradient
         | Op::Copy
         | Op::Reshape
-        | Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllToAll { .. }
-        | Op::CollectivePermute { .. } => {
+        | Op::Collective(_) => {
             unreachable!("{} is planned as its own step kind", ins.op.name())
         }
     }

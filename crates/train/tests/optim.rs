@@ -5,7 +5,7 @@
 //! a partitioned update equal to the single-device one; a cross-check of Adafactor against
 //! optax; configuration serde and typed errors.
 
-use ir::{Builder, CollectiveKind, DType, Mesh, Op, Program, Sharding, Type};
+use ir::{Builder, CollectiveKind, DType, Mesh, Program, Sharding, Type};
 use nn::params::{Init, ParamSpec};
 use runtime::HostTensor;
 use std::collections::HashMap;
