@@ -374,6 +374,11 @@ fn reduce_float<T: Copy + Send + Sync>(
     out
 }
 
+/// Operands of fewer elements than this are moved in and out of a collective on the
+/// calling thread (no parallel tasks), and share the executor's round of the next
+/// collective.
+pub(crate) const SMALL_COLLECTIVE: usize = 4096;
+
 /// The reduction a collective applies (all-reduce and reduce-scatter).
 fn reduction_of(kind: &CollectiveKind) -> Option<ReduceOp> {
     match kind {
@@ -746,7 +751,7 @@ impl InProcess {
         // Reductions are computed once per group, then shared by its members.
         // Small operands are handled on this thread (parallel tasks cost more than they
         // save there).
-        let small = ty.num_elements() < crate::exec::SMALL_COLLECTIVE;
+        let small = ty.num_elements() < SMALL_COLLECTIVE;
         let reduce = |g: &Vec<usize>| {
             let xs: Vec<&Data> = g.iter().map(|&d| &local[d].data).collect();
             reduction_of(kind).map(|r| reduce_group(&xs, r))

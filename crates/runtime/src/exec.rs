@@ -81,7 +81,8 @@
 //! included, aliases counted once); `peak_resident_bytes_per_device` adds the pool.
 
 use crate::alloc::AllocError;
-use crate::comm::{place_all_to_all, wire_bytes, CommError, Communicator, Sinks};
+use crate::comm::{place_all_to_all, wire_bytes, CommError, Communicator, Sinks, SMALL_COLLECTIVE};
+use crate::error::RuntimeError;
 use crate::kernels::dot::{
     dot, masked_row_sums, DotCall, DotPath, DotPlan, Epilogue, Known, Operand, Support, Values,
     NO_TAIL,
@@ -91,7 +92,6 @@ use crate::kernels::elementwise::{
 };
 use crate::kernels::{bytes, conv, index, layout, reduce, scalar_f64, strides, try_zeros};
 use crate::profile::{Profiler, TraceEvent};
-use crate::reference::RuntimeError;
 use crate::tensor::{Data, HostTensor};
 use ir::{BinaryOp, CollectiveKind, DType, Instr, Literal, Mesh, Op, Program, Type};
 use rayon::prelude::*;
@@ -596,10 +596,6 @@ fn relu_codes(p: &Program, consumers: &[Vec<usize>], is_output: &[bool]) -> Hash
     }
     codes
 }
-
-/// Operands of fewer elements than this are moved in and out of a collective on the
-/// calling thread (no parallel tasks).
-pub(crate) const SMALL_COLLECTIVE: usize = 4096;
 
 /// A collective over groups of one device that returns its operand unchanged (every kind
 /// but a permute that does not send rank 0 to itself, which yields zeros).

@@ -26,6 +26,7 @@
 
 pub mod alloc;
 pub mod comm;
+pub mod error;
 pub mod exec;
 pub mod io;
 pub mod kernels;
@@ -37,10 +38,11 @@ pub mod tensor;
 
 pub use alloc::LineAligned;
 pub use comm::{CommError, Communicator, InProcess};
+pub use error::RuntimeError;
 pub use exec::{
     run_devices, run_devices_profiled, CollectiveStat, ExecError, Executable, RunResult,
 };
 pub use io::{read_safetensors, write_safetensors, IoError};
 pub use profile::{merge_chrome_traces, Profiler, TraceEvent};
-pub use reference::{run, run_spmd, RuntimeError};
+pub use reference::{run, run_spmd};
 pub use tensor::{convert_value, f64_to_bf16, BlockDim, Data, HostTensor, TensorError};
