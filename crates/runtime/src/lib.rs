@@ -10,9 +10,10 @@
 //!   executor and every partitioned program is tested against.
 //!
 //! - [`exec`]: the bulk-synchronous device executor over a [`Communicator`] ([`comm`]): all
-//!   mesh positions in one process ([`InProcess`]), or one per MPI rank. Native typed
-//!   kernels ([`kernels`]: fused elementwise, GEMM-backed dot-general, ...), liveness-based
-//!   buffer reuse, and an optional [`Profiler`] writing Chrome traces ([`profile`]).
+//!   mesh positions in one process ([`InProcess`]), or one per MPI rank. A program is
+//!   lowered to a [`Plan`] and rewritten by named passes, each exact; native typed kernels
+//!   ([`kernels`]: fused elementwise, GEMM-backed dot-general, ...), liveness-based buffer
+//!   reuse, and an optional [`Profiler`] writing Chrome traces ([`profile`]).
 //!
 //! - [`alloc`]: [`LineAligned`], the global allocator binaries that run the executor install
 //!   (tensor buffers on cache-line boundaries for the AVX-512 kernels), and fallible
@@ -40,7 +41,8 @@ pub use alloc::LineAligned;
 pub use comm::{CommError, Communicator, InProcess};
 pub use error::RuntimeError;
 pub use exec::{
-    run_devices, run_devices_profiled, CollectiveStat, ExecError, Executable, RunResult,
+    run_devices, run_devices_profiled, CollectiveStat, ExecError, ExecOptions, Executable, Passes,
+    Plan, PlanError, RunResult,
 };
 pub use io::{read_safetensors, write_safetensors, IoError};
 pub use profile::{merge_chrome_traces, Profiler, TraceEvent};

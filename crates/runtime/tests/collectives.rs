@@ -464,7 +464,7 @@ fn dot_all_reduce_transpose_sums_in_the_transposed_layout() {
 /// kernels), each against the reference interpreter.
 #[test]
 fn all_to_all_of_whole_lines_is_the_reference() {
-    use runtime::{Executable, InProcess};
+    use runtime::{ExecOptions, Executable, InProcess};
     let shape = [4usize, 64, 128];
     let b = ir::Builder::with_mesh(Mesh::parse_spec("x=4").unwrap());
     let x = b.param("x", Type::new(DType::F32, shape.to_vec()));
@@ -481,8 +481,8 @@ fn all_to_all_of_whole_lines_is_the_reference() {
         })
         .collect();
     let want = run_spmd(&p, &ins).unwrap();
-    for reference_kernels in [false, true] {
-        let got = Executable::with_options(&p, reference_kernels)
+    for options in [ExecOptions::native(), ExecOptions::reference()] {
+        let got = Executable::with_options(&p, options)
             .unwrap()
             .run(&InProcess::new(4), &ins, None)
             .unwrap();
@@ -492,7 +492,7 @@ fn all_to_all_of_whole_lines_is_the_reference() {
                 .iter()
                 .zip(w["z"].to_f64_vec())
                 .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "device {dev}, reference kernels {reference_kernels}");
+            assert!(same, "device {dev}, passes {:?}", options.passes);
         }
     }
 }

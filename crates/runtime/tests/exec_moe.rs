@@ -5,7 +5,7 @@
 //! kernels). Routing outputs must match exactly; floats within f32 / f64 tolerance.
 
 use ir::{DType, Mesh, Program};
-use runtime::{BlockDim, Executable, HostTensor, InProcess};
+use runtime::{BlockDim, ExecOptions, Executable, HostTensor, InProcess};
 use std::collections::HashMap;
 
 fn fixture(name: &str) -> Program {
@@ -143,7 +143,7 @@ fn check_program(file: &str) {
         assert_eq!(r.collective_bytes, 0);
     }
     // Reference-kernel mode: same plan and buffers, oracle kernels.
-    let r = Executable::with_options(&p, true)
+    let r = Executable::with_options(&p, ExecOptions::reference())
         .unwrap()
         .run(&InProcess::new(1), std::slice::from_ref(&ins), None)
         .unwrap();

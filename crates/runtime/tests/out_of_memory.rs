@@ -4,7 +4,9 @@
 //! host tensors and safetensors buffers of that size.
 
 use ir::{DType, Type};
-use runtime::{ExecError, Executable, HostTensor, InProcess, RuntimeError, TensorError};
+use runtime::{
+    ExecError, ExecOptions, Executable, HostTensor, InProcess, RuntimeError, TensorError,
+};
 use std::collections::HashMap;
 
 /// f32[2^38]: 1 TiB, far more than the memory and swap of any machine this runs on (the
@@ -38,8 +40,12 @@ fn the_executor_reports_a_value_it_cannot_hold() {
 }
 
 fn executor_reports_a_value_it_cannot_hold(reference_kernels: bool) {
-    let exe =
-        Executable::with_options(&program(), reference_kernels).unwrap_or_else(|e| panic!("{e}"));
+    let options = if reference_kernels {
+        ExecOptions::reference()
+    } else {
+        ExecOptions::native()
+    };
+    let exe = Executable::with_options(&program(), options).unwrap_or_else(|e| panic!("{e}"));
     let Err(e) = exe.run(&InProcess::new(1), &[inputs()], None) else {
         panic!("a 1 TiB buffer cannot be allocated here")
     };

@@ -1,0 +1,226 @@
+//! Collective steps, run between segments over every local device's buffers: through
+//! the [`Communicator`] ([`Executable::collective`]), by the reference interpreter in the
+//! reference mode, or, for an all-to-all placed by its senders, its senders' half at the
+//! end of the segment before ([`Dev::send`]) and its finish here ([`Executable::placed`]).
+
+use super::ids::StepId;
+use super::plan::{Kind, SMALL_COLLECTIVE};
+use super::run::{Buf, Dev};
+use super::{CollectiveStat, ExecError, Executable};
+use crate::comm::{place_all_to_all, wire_bytes, CommError, Communicator, Sinks};
+use crate::error::RuntimeError;
+use crate::kernels::bytes;
+use crate::profile::{Profiler, TraceEvent};
+use crate::tensor::{Data, HostTensor};
+use ir::{Instr, Mesh};
+use rayon::prelude::*;
+use std::sync::Arc;
+
+impl Executable {
+    /// Finish all-to-all step `si` whose senders placed their blocks in `bufs` (one per
+    /// device, in `devs` order; see [`Dev::send`]): the results become the step's values.
+    pub(super) fn placed(
+        &self,
+        devs: &mut [Dev],
+        si: StepId,
+        bufs: Vec<Data>,
+        profiler: Option<&Profiler>,
+        stats: &mut Vec<CollectiveStat>,
+    ) -> Result<(), ExecError> {
+        let s = &self.plan.steps[si];
+        let ins = &self.program.instrs[s.value.index()];
+        let operand_ty = &self.program.instrs[s.reads[0].index()].ty;
+        let (_, k) = self.mesh_of(si)?;
+        let sent = wire_bytes(&ins.op, operand_ty, k);
+        count(stats, ins, sent * devs.len());
+        let t = profiler.map(|p| p.now_us());
+        for (d, data) in devs.iter_mut().zip(bufs) {
+            // Live since the segment before (allocated there).
+            d.vals[s.value] = Some(Buf::Own(Arc::new(data)));
+            if let Some(t) = t {
+                d.events.push(TraceEvent {
+                    device: d.pos,
+                    name: s.label.clone(),
+                    cat: "collective",
+                    ts_us: t,
+                    dur_us: 0.0,
+                    flops: 0.0,
+                    bytes: sent,
+                    detail: format!("{operand_ty} over {k} devices, placed by the senders"),
+                });
+            }
+            d.release(self, si);
+        }
+        Ok(())
+    }
+
+    /// The mesh collective step `si` runs over, and the size `k` of its groups.
+    pub(super) fn mesh_of(&self, si: StepId) -> Result<(&Mesh, usize), ExecError> {
+        let v = self.plan.steps[si].value;
+        let ins = &self.program.instrs[v.index()];
+        let mesh = self
+            .program
+            .mesh
+            .as_ref()
+            .ok_or_else(|| RuntimeError::NoMesh {
+                index: v.index(),
+                op: ins.op.name().into(),
+            })?;
+        Ok((mesh, mesh.size_of(ins.op.collective_axes().unwrap_or(&[]))))
+    }
+
+    /// Run collective step `si` over every device's operand.
+    pub(super) fn collective(
+        &self,
+        devs: &mut [Dev],
+        si: StepId,
+        comm: &dyn Communicator,
+        profiler: Option<&Profiler>,
+        stats: &mut Vec<CollectiveStat>,
+    ) -> Result<(), ExecError> {
+        let s = &self.plan.steps[si];
+        let ins = &self.program.instrs[s.value.index()];
+        let (mesh, k) = self.mesh_of(si)?;
+        let v = s.reads[0];
+        let operand_ty = self.program.instrs[v.index()].ty.clone();
+        let t0 = profiler.map(|p| p.now_us());
+        // Operands that die here move into the collective; others are copied.
+        let c = self.live.class[v];
+        let dies = self.live.last_read[c] == si && self.live.members[c].len() == 1;
+        let mut moved = vec![0usize; devs.len()];
+        let take = |(d, moved): (&mut Dev, &mut usize)| -> Result<HostTensor, ExecError> {
+            let data = match d.vals[v].take() {
+                Some(Buf::Own(a)) if dies => match Arc::try_unwrap(a) {
+                    Ok(data) => {
+                        *moved = bytes(&data);
+                        data
+                    }
+                    Err(a) => {
+                        let data = d.copy_of(self, v, &a);
+                        d.vals[v] = Some(Buf::Own(a));
+                        data?
+                    }
+                },
+                Some(b) => {
+                    let data = d.copy_of(self, v, b.data());
+                    d.vals[v] = Some(b);
+                    data?
+                }
+                None => unreachable!("operands are live"),
+            };
+            Ok(HostTensor {
+                ty: operand_ty.clone(),
+                data,
+            })
+        };
+        // Small operands (a loss, a norm) are gathered on this thread: handing a few bytes
+        // to the pool costs more than copying them.
+        let local: Vec<HostTensor> = if operand_ty.num_elements() < SMALL_COLLECTIVE {
+            devs.iter_mut()
+                .zip(moved.iter_mut())
+                .map(take)
+                .collect::<Result<_, _>>()?
+        } else {
+            devs.par_iter_mut()
+                .zip(moved.par_iter_mut())
+                .map(take)
+                .collect::<Result<_, _>>()?
+        };
+        let index = s.value.index();
+        let out = match &s.kind {
+            Kind::OracleCollective => crate::reference::collective_on_hosts(&ins.op, mesh, &local)
+                .ok_or_else(|| CommError::Failed {
+                    index,
+                    op: ins.op.name().into(),
+                    msg: "not a collective".into(),
+                })?,
+            Kind::Collective {
+                out_perm: Some(perm),
+            } => comm.collective_transposed(index, &ins.op, mesh, local, perm)?,
+            _ => comm.collective(index, &ins.op, mesh, local)?,
+        };
+        let sent = wire_bytes(&ins.op, &operand_ty, k);
+        count(stats, ins, sent * devs.len());
+        let t1 = profiler.map(|p| p.now_us());
+        for ((d, t), moved) in devs.iter_mut().zip(out).zip(moved) {
+            d.add_live(bytes(&t.data));
+            // The moved operand was live until the results existed.
+            d.live -= moved;
+            d.vals[s.value] = Some(Buf::Own(Arc::new(t.data)));
+            if let (Some(t0), Some(t1)) = (t0, t1) {
+                d.events.push(TraceEvent {
+                    device: d.pos,
+                    name: s.label.clone(),
+                    cat: "collective",
+                    ts_us: t0,
+                    dur_us: t1 - t0,
+                    flops: 0.0,
+                    bytes: sent,
+                    detail: format!("{operand_ty} over {k} devices"),
+                });
+            }
+            d.release(self, si);
+        }
+        Ok(())
+    }
+}
+
+/// Add `bytes` sent by one run of collective `ins` to `stats`.
+fn count(stats: &mut Vec<CollectiveStat>, ins: &Instr, bytes: usize) {
+    match stats.iter_mut().find(|c| c.kind == ins.op.name()) {
+        Some(c) => {
+            c.count += 1;
+            c.bytes += bytes;
+        }
+        None => stats.push(CollectiveStat {
+            kind: ins.op.name(),
+            count: 1,
+            bytes,
+        }),
+    }
+}
+
+impl Dev<'_> {
+    /// Place this device's blocks of all-to-all step `si` (its operand exists) into every
+    /// receiver's result (`sinks`), as the senders' half of [`Executable::placed`].
+    pub(super) fn send(
+        &mut self,
+        exe: &Executable,
+        si: StepId,
+        sinks: &Sinks,
+    ) -> Result<(), ExecError> {
+        let s = &exe.plan.steps[si];
+        let ins = &exe.program.instrs[s.value.index()];
+        let v = s.reads[0];
+        let perm = match &s.kind {
+            Kind::Collective { out_perm } => out_perm.as_deref(),
+            _ => None,
+        };
+        let (mesh, k) = exe.mesh_of(si)?;
+        let t0 = self.profiler.map(|p| p.now_us());
+        let shape = &exe.program.instrs[v.index()].ty.shape;
+        // SAFETY: `sinks` address the buffers `run_segments` allocated for this step's
+        // results (its dtype and size), which nothing else touches until every task has
+        // ended.
+        unsafe { place_all_to_all(&ins.op, mesh, shape, perm, self.pos, self.data(v), sinks) }
+            .map_err(|msg| CommError::Failed {
+                index: s.value.index(),
+                op: ins.op.name().into(),
+                msg,
+            })?;
+        if let (Some(p), Some(t0)) = (self.profiler, t0) {
+            let ty = &exe.program.instrs[v.index()].ty;
+            self.events.push(TraceEvent {
+                device: self.pos,
+                name: format!("{} (send)", s.label),
+                cat: "send",
+                ts_us: t0,
+                dur_us: p.now_us() - t0,
+                flops: 0.0,
+                bytes: wire_bytes(&ins.op, ty, k),
+                detail: format!("{ty}: this device's blocks placed in the {k} receivers' results"),
+            });
+        }
+        Ok(())
+    }
+}
