@@ -2,6 +2,8 @@
 //! and the proptest case count.
 #![allow(dead_code)]
 
+pub mod oracle;
+
 use ir::Program;
 use runtime::HostTensor;
 use std::collections::HashMap;
