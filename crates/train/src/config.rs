@@ -188,7 +188,7 @@ impl Default for DataConfig {
         DataConfig {
             dir: "data".into(),
             langs: Vec::new(),
-            max_langs: 12,
+            max_langs: 14,
             temperature: 5.0,
             max_len: 32,
             batch_size: 64,

