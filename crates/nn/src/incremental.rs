@@ -89,9 +89,7 @@ impl CacheName {
     /// The caches of one kind, for every decoder layer: keys then values per layer.
     pub fn all(cfg: &TransformerConfig, attn: Attn) -> Vec<CacheName> {
         (0..cfg.dec_layers)
-            .flat_map(|layer| {
-                [Kv::Keys, Kv::Values].map(|kv| CacheName { attn, layer, kv })
-            })
+            .flat_map(|layer| [Kv::Keys, Kv::Values].map(|kv| CacheName { attn, layer, kv }))
             .collect()
     }
 }
@@ -106,10 +104,7 @@ pub fn dropless(cfg: &TransformerConfig) -> TransformerConfig {
         capacity: mc.capacity.max(mc.group_size),
         ..mc.clone()
     });
-    TransformerConfig {
-        moe,
-        ..cfg.clone()
-    }
+    TransformerConfig { moe, ..cfg.clone() }
 }
 
 /// Whether `cfg`'s MoE layers can never drop a token (`C >= S`, or no MoE): then the
@@ -136,7 +131,10 @@ pub fn build_encoder(
     shape: &BatchShape,
     layout: &Layout,
 ) -> Result<BuiltEncoder, ShardingError> {
-    assert!(cfg.enc_layers > 0, "build_encoder: the model has no encoder");
+    assert!(
+        cfg.enc_layers > 0,
+        "build_encoder: the model has no encoder"
+    );
     let dt = cfg.dtype;
     let mut p = Params::new(b, dt);
     let mut cx = Ctx::eval(cfg, layout);
@@ -226,7 +224,8 @@ pub fn build_step(
     let pos = cx.annotate_batch(&b.param(POS, i32t))?;
     let table = tgt_table(&mut p, cfg)?;
     let cache_ty = |len: usize| Type::new(dt, vec![bsz, len, heads, hd]);
-    let input = |name: CacheName, len: usize| cx.annotate_batch(&b.param(&name.to_string(), cache_ty(len)));
+    let input =
+        |name: CacheName, len: usize| cx.annotate_batch(&b.param(&name.to_string(), cache_ty(len)));
     let caches: Vec<(Value, Value)> = (0..cfg.dec_layers)
         .map(|layer| -> Result<(Value, Value), ShardingError> {
             let name = |kv| CacheName {
@@ -258,22 +257,24 @@ pub fn build_step(
         .add(&sinusoid(b, l, m, dt).gather(&pos, 0, 0));
     let mut x = cx.annotate_batch(&row.reshape(&[bsz, 1, m]))?;
     let mut new_kv = Vec::new();
-    for layer in 0..cfg.dec_layers {
-        let (ck, cv) = &caches[layer];
+    for (layer, (ck, cv)) in caches.iter().enumerate() {
         let (h, k_t, v_t) = p.scope("decoder", |p| {
             p.scope(&format!("layer{layer}"), |p| {
-                p.scope("attn", |p| -> Result<(Value, Value, Value), ShardingError> {
-                    let n = p.scope("norm", |p| rms_norm(p, &x, 1e-6))?;
-                    let w = attn_weights(p, m, heads, hd)?;
-                    let q = attn_queries(&n, &w.wq);
-                    let k_t = attn_project(&n, &w.wk);
-                    let v_t = attn_project(&n, &w.wv);
-                    let k = write_at(ck, &k_t, &pos);
-                    let v = write_at(cv, &v_t, &pos);
-                    let logits = attn_logits(&q, &k, &cx.batch())?
-                        .add(&position_bias(&pos, heads, l, dt));
-                    Ok((attn_output(&logits, &v, &w.wo), k_t, v_t))
-                })
+                p.scope(
+                    "attn",
+                    |p| -> Result<(Value, Value, Value), ShardingError> {
+                        let n = p.scope("norm", |p| rms_norm(p, &x, 1e-6))?;
+                        let w = attn_weights(p, m, heads, hd)?;
+                        let q = attn_queries(&n, &w.wq);
+                        let k_t = attn_project(&n, &w.wk);
+                        let v_t = attn_project(&n, &w.wv);
+                        let k = write_at(ck, &k_t, &pos);
+                        let v = write_at(cv, &v_t, &pos);
+                        let logits = attn_logits(&q, &k, &cx.batch())?
+                            .add(&position_bias(&pos, heads, l, dt));
+                        Ok((attn_output(&logits, &v, &w.wo), k_t, v_t))
+                    },
+                )
             })
         })?;
         x = cx.annotate_batch(&x.add(&h))?;
@@ -286,7 +287,7 @@ pub fn build_step(
             new_kv.push((name, cx.annotate_batch(&t.reshape(&[bsz, heads, hd]))?));
         }
         if let Some((kv, pad)) = &cross {
-            let (k, v) = &kv[layer];
+            let (k, v) = kv.get(layer).expect("one cross cache per decoder layer");
             let h = p.scope("decoder", |p| {
                 p.scope(&format!("layer{layer}"), |p| {
                     p.scope("cross", |p| -> Result<Value, ShardingError> {

@@ -153,7 +153,14 @@ pub fn attn_logits(q: &Value, k: &Value, batch_axes: &[&str]) -> Result<Value, S
 }
 
 /// The causal bias `[B,N,T,S]`: 0 where key `s <= t`, -1e9 elsewhere.
-pub fn causal_bias(b: &ir::Builder, bsz: usize, heads: usize, t: usize, s: usize, dt: DType) -> Value {
+pub fn causal_bias(
+    b: &ir::Builder,
+    bsz: usize,
+    heads: usize,
+    t: usize,
+    s: usize,
+    dt: DType,
+) -> Value {
     let ti = b.iota(Type::new(DType::I32, vec![t, s]), 0);
     let si = b.iota(Type::new(DType::I32, vec![t, s]), 1);
     si.le(&ti)

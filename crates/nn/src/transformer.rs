@@ -269,7 +269,11 @@ impl<'a> Ctx<'a> {
         x: &Value,
         layer: usize,
     ) -> Result<Value, ShardingError> {
-        let name = if is_moe(self.cfg, layer) { "moe" } else { "ffn" };
+        let name = if is_moe(self.cfg, layer) {
+            "moe"
+        } else {
+            "ffn"
+        };
         let h = p.scope(name, |p| -> Result<Value, ShardingError> {
             let n = p.scope("norm", |p| rms_norm(p, x, 1e-6))?;
             self.ffn(p, &n, layer)

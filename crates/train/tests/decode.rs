@@ -8,9 +8,14 @@
 //! dropless copy of it, since with drops a token's routing depends on the rest of its group
 //! (other sentences, padding at later positions) and no cache can reproduce that.
 
+use std::sync::Arc;
 use train::config::TrainConfig;
+use train::data::{Corpus, Pair};
 use train::tokenizer::Tokenizer;
-use train::trainer::{build_programs, translate, DecodeMode, DecodeOptions, Trainer};
+use train::trainer::{
+    build_programs, load_run, run, translate, DecodeMode, DecodeOptions, LoadedRun, RunOptions,
+    Trainer,
+};
 
 /// A tiny MoE encoder-decoder: every FFN is MoE, `E = 4` experts, groups of `S = 16`.
 fn tiny(mesh: (usize, usize), capacity_factor: f64) -> TrainConfig {
@@ -33,13 +38,40 @@ fn tiny(mesh: (usize, usize), capacity_factor: f64) -> TrainConfig {
     c
 }
 
-fn tokenizer() -> Tokenizer {
-    let mut texts = Vec::new();
-    for p in testkit::phrases::phrases(300) {
-        texts.extend([p.en, p.de, p.fr]);
+/// Word-by-word "translations" of random 2-4 word phrases into English.
+fn corpus() -> Corpus {
+    let mut pairs = Vec::new();
+    for p in testkit::phrases::phrases(1500) {
+        for (lang, src) in [("de", &p.de), ("fr", &p.fr)] {
+            pairs.push(Pair {
+                lang: Arc::from(lang),
+                origin: Arc::from("test"),
+                english: p.en.clone(),
+                source: src.clone(),
+            });
+        }
     }
-    Tokenizer::train(texts, &["de", "fr"], 300).unwrap()
+    Corpus::from_pairs(pairs)
 }
+
+/// `cfg` trained for a few steps (so that translations depend on the source and vary along
+/// the sentence), loaded back.
+fn trained(cfg: &TrainConfig, tag: &str) -> LoadedRun {
+    let mut cfg = cfg.clone();
+    cfg.steps = TRAIN_STEPS;
+    cfg.log_every = TRAIN_STEPS;
+    cfg.eval_every = 0;
+    cfg.checkpoint_every = TRAIN_STEPS;
+    cfg.data.dev_size = 8;
+    let dir = std::env::temp_dir().join(format!("gshard-decode-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    run(&cfg, &corpus(), &RunOptions::new(dir.clone()), &mut |_| {}).unwrap();
+    let loaded = load_run(&dir).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    loaded
+}
+
+const TRAIN_STEPS: u64 = 150;
 
 fn sources(tok: &Tokenizer, n: usize, max_len: usize) -> Vec<Vec<u32>> {
     testkit::phrases::phrases(n)
@@ -58,11 +90,11 @@ fn sources(tok: &Tokenizer, n: usize, max_len: usize) -> Vec<Vec<u32>> {
 
 /// Decode 11 sentences (two batches and a part) greedily and with beams of 2 and 3 (3 leaves
 /// rows of every batch unused) both ways; the tokens must be equal.
-fn check(cfg: &TrainConfig) {
+fn check(cfg: &TrainConfig, tag: &str) {
     cfg.validate().unwrap();
-    let tok = tokenizer();
-    let programs = build_programs(cfg, tok.vocab_size()).unwrap();
-    let tr = Trainer::new(cfg, programs, None, 0).unwrap();
+    let LoadedRun {
+        tok, trainer: tr, ..
+    } = trained(cfg, tag);
     let srcs = sources(&tok, 11, cfg.data.max_len);
     for beam in [1, 2, 3] {
         let opts = DecodeOptions::new(beam, 0.6);
@@ -70,7 +102,10 @@ fn check(cfg: &TrainConfig) {
         let full = translate(&tr, &tok, &srcs, &opts.mode(DecodeMode::Full)).unwrap();
         assert_eq!(fast.len(), srcs.len());
         assert!(fast.iter().all(|h| !h.is_empty()));
-        assert_eq!(fast, full, "beam {beam}: incremental and full decoding differ");
+        assert_eq!(
+            fast, full,
+            "beam {beam}: incremental and full decoding differ"
+        );
     }
 }
 
@@ -78,13 +113,13 @@ fn check(cfg: &TrainConfig) {
 /// re-decode is today's decoding exactly.
 #[test]
 fn incremental_equals_full_redecode_of_the_eval_program() {
-    check(&tiny((1, 2), 2.0));
+    check(&tiny((1, 2), 2.0), "eval");
 }
 
 /// `C = 8 < S = 16` (as in the default config): decoding routes dropless in both modes.
 #[test]
 fn incremental_equals_dropless_full_redecode_when_capacity_can_drop() {
-    check(&tiny((1, 2), 1.0));
+    check(&tiny((1, 2), 1.0), "drops");
 }
 
 /// Groups and experts split over a 2x2 mesh: the step's MoE groups are one per device.
@@ -93,7 +128,7 @@ fn incremental_equals_full_redecode_on_a_2x2_mesh() {
     let mut c = tiny((2, 2), 1.0);
     c.model.enc_layers = 2;
     c.model.moe_every = 2;
-    check(&c);
+    check(&c, "mesh");
 }
 
 /// A decoder-only model decodes the same way (no encoder program, no cross-attention).
@@ -101,7 +136,7 @@ fn incremental_equals_full_redecode_on_a_2x2_mesh() {
 fn incremental_equals_full_redecode_without_an_encoder() {
     let mut c = tiny((1, 2), 1.0);
     c.model.enc_layers = 0;
-    check(&c);
+    check(&c, "lm");
 }
 
 /// Sentences per second, full re-decode against incremental, on a dev-sized batch of the

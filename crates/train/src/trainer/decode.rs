@@ -123,8 +123,11 @@ pub(super) struct Row<'a> {
 pub(super) trait Scorer {
     /// The logits of position `t` of every live row (`None`: an unused row, whose logits
     /// are not read).
-    fn logits(&mut self, t: usize, rows: &[Option<Row>])
-        -> Result<Vec<Option<Vec<f64>>>, TrainError>;
+    fn logits(
+        &mut self,
+        t: usize,
+        rows: &[Option<Row>],
+    ) -> Result<Vec<Option<Vec<f64>>>, TrainError>;
 }
 
 /// The whole model re-run per position: the evaluation program, or its dropless copy.

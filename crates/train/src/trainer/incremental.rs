@@ -208,7 +208,12 @@ impl<'a> Incremental<'a> {
         let m = &dec.model;
         let ty = Type::new(
             m.dtype,
-            vec![tr.cfg.data.batch_size, tr.cfg.data.max_len, m.heads, m.head_dim],
+            vec![
+                tr.cfg.data.batch_size,
+                tr.cfg.data.max_len,
+                m.heads,
+                m.head_dim,
+            ],
         );
         let caches = CacheName::all(m, Attn::SelfAttn)
             .into_iter()
@@ -226,7 +231,11 @@ impl<'a> Incremental<'a> {
 }
 
 impl Scorer for Incremental<'_> {
-    fn logits(&mut self, t: usize, rows: &[Option<Row>]) -> Result<Vec<Option<Vec<f64>>>, TrainError> {
+    fn logits(
+        &mut self,
+        t: usize,
+        rows: &[Option<Row>],
+    ) -> Result<Vec<Option<Vec<f64>>>, TrainError> {
         let b = self.tr.cfg.data.batch_size;
         let parents: Vec<usize> = (0..b)
             .map(|r| rows.get(r).and_then(|x| x.as_ref()).map_or(r, |x| x.parent))
@@ -244,7 +253,10 @@ impl Scorer for Incremental<'_> {
             .collect();
         let mut inputs = HashMap::from([
             (TOKEN.to_string(), HostTensor::from_i32([b], token)),
-            (POS.to_string(), HostTensor::from_i32([b], vec![t as i32; b])),
+            (
+                POS.to_string(),
+                HostTensor::from_i32([b], vec![t as i32; b]),
+            ),
         ]);
         for (name, cache) in &self.caches {
             inputs.insert(name.to_string(), cache.clone());

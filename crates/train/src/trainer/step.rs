@@ -267,7 +267,9 @@ impl Trainer {
         for l in part.params.iter().filter(|l| is_param(&l.name)) {
             for (j, (&pos, m)) in positions.iter().zip(out.iter_mut()).enumerate() {
                 let t = match &global {
-                    Some(g) => g.get(&l.name).map(|t| t.block(&driver::block(l, &mesh, pos))),
+                    Some(g) => g
+                        .get(&l.name)
+                        .map(|t| t.block(&driver::block(l, &mesh, pos))),
                     None => self.state[j].get(&l.name).cloned(),
                 };
                 let t = t.ok_or_else(|| {
