@@ -330,3 +330,101 @@ fn write_at(cache: &Value, x: &Value, pos: &Value) -> Value {
         .broadcast_to(&sh);
     at.select(&x.broadcast_to(&sh), cache)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::moe::{Activation, SecondPolicy};
+
+    fn model(group_size: usize, capacity: usize) -> TransformerConfig {
+        TransformerConfig {
+            vocab: 11,
+            src_vocab: None,
+            model_dim: 8,
+            heads: 2,
+            head_dim: 4,
+            ffn_dim: 16,
+            enc_layers: 1,
+            dec_layers: 2,
+            moe_every: 1,
+            moe: Some(MoeConfig {
+                experts: 4,
+                expert_dim: 8,
+                group_size,
+                capacity,
+                policy: SecondPolicy::All,
+                aux_loss_coef: 0.01,
+            }),
+            activation: Activation::Relu,
+            dropout: 0.0,
+            label_smoothing: 0.0,
+            dtype: DType::F32,
+        }
+    }
+
+    #[test]
+    fn dropless_raises_the_capacity_to_the_group_size_only_when_below() {
+        // The default config's MoE: S = 256, E = 8, factor 2 -> C = 128 < S.
+        let c = crate::capacity::gshard(256, 8, 2.0);
+        assert_eq!(c, 128);
+        let m = model(256, c);
+        assert!(!is_dropless(&m));
+        let d = dropless(&m);
+        assert!(is_dropless(&d));
+        assert_eq!(d.moe.as_ref().unwrap().capacity, 256);
+        let wide = model(16, 20);
+        assert_eq!(dropless(&wide), wide, "C >= S is kept as it is");
+        let dense = TransformerConfig {
+            moe: None,
+            moe_every: 0,
+            ..m
+        };
+        assert!(is_dropless(&dense));
+    }
+
+    #[test]
+    fn cache_names_are_per_layer_keys_then_values() {
+        let names: Vec<String> = CacheName::all(&model(16, 16), Attn::SelfAttn)
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "self/layer0/k",
+                "self/layer0/v",
+                "self/layer1/k",
+                "self/layer1/v"
+            ]
+        );
+        let c = CacheName {
+            attn: Attn::Cross,
+            layer: 1,
+            kv: Kv::Values,
+        };
+        assert_eq!(c.new_name(), "new/cross/layer1/v");
+    }
+
+    #[test]
+    fn the_step_program_verifies_with_one_moe_group_per_device() {
+        let cfg = model(16, 8);
+        let mesh = ir::Mesh::new(&[("data", 2), ("expert", 2)]).unwrap();
+        let b = Builder::with_mesh(mesh);
+        let layout = Layout {
+            batch_axes: vec!["data".into(), "expert".into()],
+            expert_axes: vec!["expert".into()],
+        };
+        assert_eq!(step_groups(&b, &layout), 4);
+        let shape = BatchShape {
+            batch: 8,
+            src_len: 6,
+            tgt_len: 5,
+        };
+        let st = build_step(&b, &cfg, &shape, &layout).unwrap();
+        assert_eq!(st.logits.shape(), [8, 11]);
+        assert_eq!(st.new_kv.len(), 4);
+        assert!(st.new_kv.iter().all(|(_, v)| v.shape() == [8, 2, 4]));
+        b.output(LOGITS, &st.logits);
+        ir::verify(&b.finish()).unwrap();
+    }
+}
