@@ -73,13 +73,13 @@ pub fn translate(
             None => None,
         }),
     };
+    let search = Search {
+        k,
+        alpha: opts.length_penalty,
+        eos: tok.eos_id(),
+        max_len: tr.cfg.data.max_len,
+    };
     for chunk in srcs.chunks(per_run) {
-        let search = Search {
-            k,
-            alpha: opts.length_penalty,
-            eos: tok.eos_id(),
-            max_len: tr.cfg.data.max_len,
-        };
         let hyps = match &mut scorer {
             Mode::Incremental(params) => {
                 let rows: Vec<Option<&[u32]>> = (0..b)
