@@ -68,9 +68,141 @@ pub struct AttnMask {
     pub key_padding: Option<Value>,
 }
 
+/// The weights of one multi-head attention layer: `wq, wk, wv [M,N,D]`, `wo [N,D,M]`.
+#[derive(Clone, Debug)]
+pub struct AttnWeights {
+    pub wq: Value,
+    pub wk: Value,
+    pub wv: Value,
+    pub wo: Value,
+}
+
+/// Which weight of an attention layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnWeight {
+    Q,
+    K,
+    V,
+    O,
+}
+
+/// One attention weight in the current scope (`wq`, `wk`, `wv`: `[M,N,D]`; `wo`: `[N,D,M]`),
+/// replicated when annotated.
+pub fn attn_weight(
+    p: &mut Params,
+    which: AttnWeight,
+    m: usize,
+    heads: usize,
+    head_dim: usize,
+) -> Result<Value, ShardingError> {
+    let std = 1.0 / (m as f64).sqrt();
+    let repl: &[&[&str]] = &[&[], &[], &[]];
+    let (name, shape, init) = match which {
+        AttnWeight::Q => ("wq", [m, heads, head_dim], Init::Normal(std)),
+        AttnWeight::K => ("wk", [m, heads, head_dim], Init::Normal(std)),
+        AttnWeight::V => ("wv", [m, heads, head_dim], Init::Normal(std)),
+        AttnWeight::O => (
+            "wo",
+            [heads, head_dim, m],
+            Init::Normal(1.0 / ((heads * head_dim) as f64).sqrt()),
+        ),
+    };
+    p.param(name, &shape, init, Some(repl))
+}
+
+/// The four weights of an attention layer, created in the order `wq, wk, wv, wo`.
+pub fn attn_weights(
+    p: &mut Params,
+    m: usize,
+    heads: usize,
+    head_dim: usize,
+) -> Result<AttnWeights, ShardingError> {
+    Ok(AttnWeights {
+        wq: attn_weight(p, AttnWeight::Q, m, heads, head_dim)?,
+        wk: attn_weight(p, AttnWeight::K, m, heads, head_dim)?,
+        wv: attn_weight(p, AttnWeight::V, m, heads, head_dim)?,
+        wo: attn_weight(p, AttnWeight::O, m, heads, head_dim)?,
+    })
+}
+
+/// Scaled queries `[B,T,N,D]` of `x [B,T,M]`: `x . wq / sqrt(D)`.
+pub fn attn_queries(x: &Value, wq: &Value) -> Value {
+    let head_dim = *wq.shape().last().unwrap();
+    x.builder()
+        .einsum("BTM,MND->BTND", &[x, wq])
+        .mul(1.0 / (head_dim as f64).sqrt())
+}
+
+/// Keys or values `[B,S,N,D]` of `x [B,S,M]` (`w` is `wk` or `wv`).
+pub fn attn_project(x: &Value, w: &Value) -> Value {
+    x.builder().einsum("BSM,MND->BSND", &[x, w])
+}
+
+/// The additive bias of a masked-out key (its softmax weight is exactly 0).
+const MASKED: f64 = -1e9;
+
+/// Attention logits `[B,N,T,S]` of queries `q [B,T,N,D]` over keys `k [B,S,N,D]`, batch split
+/// over `batch_axes` when annotated.
+pub fn attn_logits(q: &Value, k: &Value, batch_axes: &[&str]) -> Result<Value, ShardingError> {
+    let b = q.builder();
+    let logits = b.einsum("BTND,BSND->BNTS", &[q, k]);
+    if !batch_axes.is_empty() && b.mesh().is_some() {
+        return sharding::mesh_split(&logits, &[batch_axes, &[], &[], &[]]);
+    }
+    Ok(logits)
+}
+
+/// The causal bias `[B,N,T,S]`: 0 where key `s <= t`, -1e9 elsewhere.
+pub fn causal_bias(
+    b: &ir::Builder,
+    bsz: usize,
+    heads: usize,
+    t: usize,
+    s: usize,
+    dt: DType,
+) -> Value {
+    let ti = b.iota(Type::new(DType::I32, vec![t, s]), 0);
+    let si = b.iota(Type::new(DType::I32, vec![t, s]), 1);
+    si.le(&ti)
+        .select(0.0, &b.splat(MASKED, Type::new(dt, vec![t, s])))
+        .reshape(&[1, 1, t, s])
+        .broadcast_to(&[bsz, heads, t, s])
+}
+
+/// The causal bias `[B,N,1,S]` of one query per row at position `pos [B]` (i32): the row of
+/// [`causal_bias`] at `t = pos[b]`, so 0 where key `s <= pos[b]`, -1e9 elsewhere.
+pub fn position_bias(pos: &Value, heads: usize, s: usize, dt: DType) -> Value {
+    let b = pos.builder();
+    let bsz = pos.shape()[0];
+    let si = b.iota(Type::new(DType::I32, vec![bsz, s]), 1);
+    let at = pos.reshape(&[bsz, 1]).broadcast_to(&[bsz, s]);
+    si.le(&at)
+        .select(0.0, &b.splat(MASKED, Type::new(dt, vec![bsz, s])))
+        .reshape(&[bsz, 1, 1, s])
+        .broadcast_to(&[bsz, heads, 1, s])
+}
+
+/// The key-padding bias `[B,N,T,S]` of `key_padding [B,S]` (1 = padding): -1e9 on padding.
+pub fn padding_bias(key_padding: &Value, heads: usize, t: usize) -> Value {
+    let (bsz, s) = (key_padding.shape()[0], key_padding.shape()[1]);
+    key_padding
+        .mul(MASKED)
+        .reshape(&[bsz, 1, 1, s])
+        .broadcast_to(&[bsz, heads, t, s])
+}
+
+/// Softmax over the keys of `logits [B,N,T,S]` (biases added), the weighted sum of
+/// `v [B,S,N,D]`, projected by `wo [N,D,M]`: `[B,T,M]`.
+pub fn attn_output(logits: &Value, v: &Value, wo: &Value) -> Value {
+    let b = logits.builder();
+    let probs = logits.softmax(3);
+    let ctx = b.einsum("BNTS,BSND->BTND", &[&probs, v]);
+    b.einsum("BTND,NDM->BTM", &[&ctx, wo])
+}
+
 /// Multi-head attention of queries from `xq [B,T,M]` over keys/values from `xkv [B,S,M]`
 /// (`xq` itself for self-attention). Weights `wq, wk, wv [M,N,D]`, `wo [N,D,M]`, created in
-/// the current scope; heads split over `head_axes` when annotated.
+/// the current scope; the batch split over `batch_axes` when annotated.
 pub fn attention(
     p: &mut Params,
     xq: &Value,
@@ -84,64 +216,18 @@ pub fn attention(
     let m = *xq.shape().last().unwrap();
     let (bsz, t) = (xq.shape()[0], xq.shape()[1]);
     let s = xkv.shape()[1];
-    let std = 1.0 / (m as f64).sqrt();
-    let wq = p.param(
-        "wq",
-        &[m, heads, head_dim],
-        Init::Normal(std),
-        Some(&[&[], &[], &[]]),
-    )?;
-    let wk = p.param(
-        "wk",
-        &[m, heads, head_dim],
-        Init::Normal(std),
-        Some(&[&[], &[], &[]]),
-    )?;
-    let wv = p.param(
-        "wv",
-        &[m, heads, head_dim],
-        Init::Normal(std),
-        Some(&[&[], &[], &[]]),
-    )?;
-    let wo = p.param(
-        "wo",
-        &[heads, head_dim, m],
-        Init::Normal(1.0 / ((heads * head_dim) as f64).sqrt()),
-        Some(&[&[], &[], &[]]),
-    )?;
-    let q = b
-        .einsum("BTM,MND->BTND", &[xq, &wq])
-        .mul(1.0 / (head_dim as f64).sqrt());
-    let k = b.einsum("BSM,MND->BSND", &[xkv, &wk]);
-    let v = b.einsum("BSM,MND->BSND", &[xkv, &wv]);
-    let mut logits = b.einsum("BTND,BSND->BNTS", &[&q, &k]);
-    if !batch_axes.is_empty() && b.mesh().is_some() {
-        logits = sharding::mesh_split(&logits, &[batch_axes, &[], &[], &[]])?;
-    }
-    let dt = xq.dtype();
-    let big = -1e9;
+    let w = attn_weights(p, m, heads, head_dim)?;
+    let q = attn_queries(xq, &w.wq);
+    let k = attn_project(xkv, &w.wk);
+    let v = attn_project(xkv, &w.wv);
+    let mut logits = attn_logits(&q, &k, batch_axes)?;
     if mask.causal {
-        let ti = b.iota(Type::new(DType::I32, vec![t, s]), 0);
-        let si = b.iota(Type::new(DType::I32, vec![t, s]), 1);
-        let bias = si
-            .le(&ti)
-            .select(0.0, &b.splat(big, Type::new(dt, vec![t, s])));
-        logits = logits.add(
-            &bias
-                .reshape(&[1, 1, t, s])
-                .broadcast_to(&[bsz, heads, t, s]),
-        );
+        logits = logits.add(&causal_bias(&b, bsz, heads, t, s, xq.dtype()));
     }
     if let Some(kp) = &mask.key_padding {
-        let bias = kp
-            .mul(big)
-            .reshape(&[bsz, 1, 1, s])
-            .broadcast_to(&[bsz, heads, t, s]);
-        logits = logits.add(&bias);
+        logits = logits.add(&padding_bias(kp, heads, t));
     }
-    let probs = logits.softmax(3);
-    let ctx = b.einsum("BNTS,BSND->BTND", &[&probs, &v]);
-    Ok(b.einsum("BTND,NDM->BTM", &[&ctx, &wo]))
+    Ok(attn_output(&logits, &v, &w.wo))
 }
 
 /// Mean token cross-entropy of `logits [B,T,V]` against integer `targets [B,T]`, weighted by

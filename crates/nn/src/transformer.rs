@@ -92,24 +92,37 @@ pub struct MoeStats {
     pub dropped_2: Value,
 }
 
-fn is_moe(cfg: &TransformerConfig, layer: usize) -> bool {
+pub(crate) fn is_moe(cfg: &TransformerConfig, layer: usize) -> bool {
     cfg.moe.is_some() && cfg.moe_every > 0 && (layer + 1).is_multiple_of(cfg.moe_every)
 }
 
-struct Ctx<'a> {
-    cfg: &'a TransformerConfig,
-    layout: &'a Layout,
-    seed: Option<Value>,
-    moe: Vec<(String, MoeStats)>,
-    aux: Vec<Value>,
+/// What building a model's blocks shares: its config, layout, the dropout/routing seed (none
+/// in evaluation) and the MoE layers' diagnostics and aux losses so far.
+pub(crate) struct Ctx<'a> {
+    pub(crate) cfg: &'a TransformerConfig,
+    pub(crate) layout: &'a Layout,
+    pub(crate) seed: Option<Value>,
+    pub(crate) moe: Vec<(String, MoeStats)>,
+    pub(crate) aux: Vec<Value>,
 }
 
-impl Ctx<'_> {
-    fn batch(&self) -> Vec<&str> {
+impl<'a> Ctx<'a> {
+    /// An evaluation context (no seed).
+    pub(crate) fn eval(cfg: &'a TransformerConfig, layout: &'a Layout) -> Ctx<'a> {
+        Ctx {
+            cfg,
+            layout,
+            seed: None,
+            moe: Vec::new(),
+            aux: Vec::new(),
+        }
+    }
+
+    pub(crate) fn batch(&self) -> Vec<&str> {
         self.layout.batch_axes.iter().map(String::as_str).collect()
     }
 
-    fn annotate_batch(&self, x: &Value) -> Result<Value, ShardingError> {
+    pub(crate) fn annotate_batch(&self, x: &Value) -> Result<Value, ShardingError> {
         if self.layout.batch_axes.is_empty() || x.builder().mesh().is_none() {
             return Ok(x.clone());
         }
@@ -246,13 +259,86 @@ impl Ctx<'_> {
             })?;
             x = self.annotate_batch(&x.add(&dropout(&h, cfg.dropout, self.seed.as_ref())))?;
         }
-        let name = if is_moe(cfg, layer) { "moe" } else { "ffn" };
+        self.ffn_residual(p, &x, layer)
+    }
+
+    /// The block's feed-forward (dense or MoE) sub-layer with its residual: `x + F(norm(x))`.
+    pub(crate) fn ffn_residual(
+        &mut self,
+        p: &mut Params,
+        x: &Value,
+        layer: usize,
+    ) -> Result<Value, ShardingError> {
+        let name = if is_moe(self.cfg, layer) {
+            "moe"
+        } else {
+            "ffn"
+        };
         let h = p.scope(name, |p| -> Result<Value, ShardingError> {
-            let n = p.scope("norm", |p| rms_norm(p, &x, 1e-6))?;
+            let n = p.scope("norm", |p| rms_norm(p, x, 1e-6))?;
             self.ffn(p, &n, layer)
         })?;
-        self.annotate_batch(&x.add(&dropout(&h, cfg.dropout, self.seed.as_ref())))
+        self.annotate_batch(&x.add(&dropout(&h, self.cfg.dropout, self.seed.as_ref())))
     }
+
+    /// The encoder on `src [B,S]` (i32) with `src_pad [B,S]` (1 = padding), embedded by
+    /// `table`: its final-normed states `[B,S,M]`.
+    pub(crate) fn encoder(
+        &mut self,
+        p: &mut Params,
+        table: &Value,
+        src: &Value,
+        src_pad: &Value,
+    ) -> Result<Value, ShardingError> {
+        let cfg = self.cfg;
+        let b = src.builder();
+        let (s, m, dt) = (src.shape()[1], cfg.model_dim, cfg.dtype);
+        let mut x = embed(table, src)
+            .mul((m as f64).sqrt())
+            .add(&sinusoid(b, s, m, dt).reshape(&[1, s, m]));
+        x = self.annotate_batch(&dropout(&x, cfg.dropout, self.seed.as_ref()))?;
+        let mask = AttnMask {
+            causal: false,
+            key_padding: Some(src_pad.clone()),
+        };
+        for l in 0..cfg.enc_layers {
+            x = p.scope("encoder", |p| {
+                p.scope(&format!("layer{l}"), |p| self.block(p, &x, l, &mask, None))
+            })?;
+        }
+        p.scope("encoder", |p| {
+            p.scope("final_norm", |p| rms_norm(p, &x, 1e-6))
+        })
+    }
+
+    /// The source embedding table: `src_embed` with a separate vocabulary, else `tgt_table`.
+    pub(crate) fn src_table(
+        &self,
+        p: &mut Params,
+        tgt_table: &Value,
+    ) -> Result<Value, ShardingError> {
+        let m = self.cfg.model_dim;
+        match self.cfg.src_vocab {
+            Some(v) => p.param(
+                "src_embed",
+                &[v, m],
+                Init::Normal(1.0 / (m as f64).sqrt()),
+                Some(&[&[], &[]]),
+            ),
+            None => Ok(tgt_table.clone()),
+        }
+    }
+}
+
+/// The target embedding table `embed [V,M]` (replicated).
+pub(crate) fn tgt_table(p: &mut Params, cfg: &TransformerConfig) -> Result<Value, ShardingError> {
+    let m = cfg.model_dim;
+    p.param(
+        "embed",
+        &[cfg.vocab, m],
+        Init::Normal(1.0 / (m as f64).sqrt()),
+        Some(&[&[], &[]]),
+    )
 }
 
 /// Build the training (or evaluation) loss of a model on one batch.
@@ -289,42 +375,13 @@ pub fn build(
     let tgt_in = cx.annotate_batch(&b.param("tgt_in", i32t(&[bsz, t])))?;
     let tgt_out = cx.annotate_batch(&b.param("tgt_out", i32t(&[bsz, t])))?;
     let tgt_weight = cx.annotate_batch(&b.param("tgt_weight", Type::new(dt, vec![bsz, t])))?;
-    let emb_std = 1.0 / (m as f64).sqrt();
-    let tgt_table = p.param(
-        "embed",
-        &[cfg.vocab, m],
-        Init::Normal(emb_std),
-        Some(&[&[], &[]]),
-    )?;
+    let tgt_table = tgt_table(&mut p, cfg)?;
     let scale = (m as f64).sqrt();
     let memory = if cfg.enc_layers > 0 {
         let src = cx.annotate_batch(&b.param("src", i32t(&[bsz, s])))?;
         let src_pad = cx.annotate_batch(&b.param("src_pad", Type::new(dt, vec![bsz, s])))?;
-        let src_table = match cfg.src_vocab {
-            Some(v) => p.param(
-                "src_embed",
-                &[v, m],
-                Init::Normal(emb_std),
-                Some(&[&[], &[]]),
-            )?,
-            None => tgt_table.clone(),
-        };
-        let mut x = embed(&src_table, &src)
-            .mul(scale)
-            .add(&sinusoid(b, s, m, dt).reshape(&[1, s, m]));
-        x = cx.annotate_batch(&dropout(&x, cfg.dropout, cx.seed.as_ref()))?;
-        let mask = AttnMask {
-            causal: false,
-            key_padding: Some(src_pad.clone()),
-        };
-        for l in 0..cfg.enc_layers {
-            x = p.scope("encoder", |p| {
-                p.scope(&format!("layer{l}"), |p| cx.block(p, &x, l, &mask, None))
-            })?;
-        }
-        let x = p.scope("encoder", |p| {
-            p.scope("final_norm", |p| rms_norm(p, &x, 1e-6))
-        })?;
+        let src_table = cx.src_table(&mut p, &tgt_table)?;
+        let x = cx.encoder(&mut p, &src_table, &src, &src_pad)?;
         Some((
             x,
             AttnMask {

@@ -20,6 +20,27 @@ pub struct EvalArgs {
     /// Beam width (default: the run's; 1 is greedy).
     #[arg(long, value_parser = at_least_one())]
     beam: Option<usize>,
+    /// How to decode: `incremental` (cached keys and values) or `full` (the whole model
+    /// re-run per output position; the same tokens, for checking).
+    #[arg(long, value_enum, default_value_t = Decode::Incremental)]
+    decode: Decode,
+}
+
+/// `--decode`: the decoding mode.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Decode {
+    Incremental,
+    Full,
+}
+
+impl Decode {
+    fn options(self, beam: usize, length_penalty: f64) -> trainer::DecodeOptions {
+        let mode = match self {
+            Decode::Incremental => trainer::DecodeMode::Incremental,
+            Decode::Full => trainer::DecodeMode::Full,
+        };
+        trainer::DecodeOptions::new(beam, length_penalty).mode(mode)
+    }
 }
 
 #[derive(clap::Args)]
@@ -35,6 +56,10 @@ pub struct TranslateArgs {
     /// Beam width (default: the run's; 1 is greedy).
     #[arg(long, value_parser = at_least_one())]
     beam: Option<usize>,
+    /// How to decode: `incremental` (cached keys and values) or `full` (the whole model
+    /// re-run per output position; the same tokens, for checking).
+    #[arg(long, value_enum, default_value_t = Decode::Incremental)]
+    decode: Decode,
 }
 
 /// A count of at least 1 (a beam of 0, or 0 pairs, is refused by the argument parser).
@@ -72,8 +97,11 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             run.cfg.data.dir
         );
     }
-    let beam = a.beam.unwrap_or(run.cfg.eval.beam);
-    let (loss, bleu, _) = trainer::evaluate_pairs(&run, &pairs, beam)?;
+    let opts = a.decode.options(
+        a.beam.unwrap_or(run.cfg.eval.beam),
+        run.cfg.eval.length_penalty,
+    );
+    let (loss, bleu, _) = trainer::evaluate_pairs(&run, &pairs, &opts)?;
     println!(
         "{} pairs ({} split, {} languages), step {}",
         pairs.len(),
@@ -108,14 +136,11 @@ pub fn translate(a: TranslateArgs) -> Result<()> {
         .iter()
         .map(|t| run.tok.encode_source(&a.lang, t, run.cfg.data.max_len))
         .collect::<Result<_, _>>()?;
-    let beam = a.beam.unwrap_or(run.cfg.eval.beam);
-    for h in trainer::translate(
-        &run.trainer,
-        &run.tok,
-        &srcs,
-        beam,
+    let opts = a.decode.options(
+        a.beam.unwrap_or(run.cfg.eval.beam),
         run.cfg.eval.length_penalty,
-    )? {
+    );
+    for h in trainer::translate(&run.trainer, &run.tok, &srcs, &opts)? {
         println!("{}", run.tok.decode(&h));
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! A finished (or checkpointed) run loaded back for evaluation and translation.
 
 use super::batches::{encode, Example};
-use super::decode::translate;
+use super::decode::{translate, DecodeOptions};
 use super::programs::build_programs;
 use super::rundir::RunDir;
 use super::step::{dev_loss, Trainer};
@@ -33,11 +33,11 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, TrainError> {
     Ok(LoadedRun { cfg, tok, trainer })
 }
 
-/// Loss and BLEU of a loaded run on `pairs`.
+/// Loss and BLEU of a loaded run on `pairs`, decoded with `opts`.
 pub fn evaluate_pairs(
     run: &LoadedRun,
     pairs: &[&Pair],
-    beam: usize,
+    opts: &DecodeOptions,
 ) -> Result<(f64, Option<crate::bleu::Bleu>, Vec<String>), TrainError> {
     let ex: Vec<Example> = pairs
         .iter()
@@ -45,16 +45,10 @@ pub fn evaluate_pairs(
         .collect::<Result<_, _>>()?;
     let loss = dev_loss(&run.trainer, &run.tok, &ex)?;
     let srcs: Vec<Vec<u32>> = ex.iter().map(|e| e.src.clone()).collect();
-    let hyps: Vec<String> = translate(
-        &run.trainer,
-        &run.tok,
-        &srcs,
-        beam,
-        run.cfg.eval.length_penalty,
-    )?
-    .iter()
-    .map(|h| run.tok.decode(h))
-    .collect();
+    let hyps: Vec<String> = translate(&run.trainer, &run.tok, &srcs, opts)?
+        .iter()
+        .map(|h| run.tok.decode(h))
+        .collect();
     let refs: Vec<&str> = ex.iter().map(|e| e.english.as_str()).collect();
     let hr: Vec<&str> = hyps.iter().map(String::as_str).collect();
     Ok((loss, crate::bleu::corpus_bleu(&hr, &refs).ok(), hyps))

@@ -20,12 +20,14 @@
 //! allocated ([`crate::memory`]).
 //!
 //! The parts: `batches` (languages, tokenizer, examples, the batch of a step), `programs`
-//! (the step and eval programs), `step` (the [`Trainer`] and its steps), `decode` (beam
-//! search), `run` (the loop), `rundir` (the run directory), `load` (a saved run for eval
-//! and translate).
+//! (the step and eval programs), `step` (the [`Trainer`] and its steps), `decode` (greedy
+//! and beam search), `incremental` (the encoder once per batch, then one decoder position
+//! per step with cached keys and values), `run` (the loop), `rundir` (the run directory),
+//! `load` (a saved run for eval and translate).
 
 mod batches;
 mod decode;
+mod incremental;
 mod load;
 mod programs;
 mod run;
@@ -33,7 +35,7 @@ mod rundir;
 mod step;
 
 pub use batches::{batch_at, batch_tensors, prepare_data, tokenizer_for, Data, Example};
-pub use decode::translate;
+pub use decode::{translate, DecodeMode, DecodeOptions};
 pub use load::{evaluate_pairs, load_run, LoadedRun};
 pub use programs::{build_programs, init_tensor, Programs};
 pub use programs::{APPLIED, GRAD_NORM};

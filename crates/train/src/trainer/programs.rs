@@ -6,7 +6,7 @@ use super::TrainError;
 use crate::config::TrainConfig;
 use ir::{Builder, DType, RngDist};
 use nn::params::{Init, ParamSpec};
-use nn::transformer::{build, BatchShape};
+use nn::transformer::{build, BatchShape, TransformerConfig};
 use runtime::HostTensor;
 use spmd::Partitioned;
 use std::time::Instant;
@@ -32,7 +32,7 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
     };
     let t0 = Instant::now();
 
-    let b = Builder::with_mesh(mesh.clone());
+    let b = Builder::with_mesh(mesh);
     let built = build(&b, &model, &shape, &cfg.layout(), true)?;
     b.output("loss", &built.loss);
     b.output("ce", &built.ce);
@@ -57,11 +57,7 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
     step_prog.prune();
     let state = cfg.optimizer.state_specs(&built.params);
 
-    let eb = Builder::with_mesh(mesh);
-    let ebuilt = build(&eb, &model, &shape, &cfg.layout(), false)?;
-    eb.output("ce", &ebuilt.ce);
-    eb.output("logits", &ebuilt.logits);
-    let eval_prog = eb.finish();
+    let eval_prog = eval_program(cfg, &model)?;
 
     let step = spmd::compile(&step_prog)?;
     let eval = spmd::compile(&eval_prog)?;
@@ -86,6 +82,24 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
         moe_layers,
         partition_seconds: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// The evaluation program of `model` on the run's mesh and batch: outputs `ce` (mean token
+/// cross-entropy) and `logits` `[B,T,V]`; no dropout, no random routing.
+pub(super) fn eval_program(
+    cfg: &TrainConfig,
+    model: &TransformerConfig,
+) -> Result<ir::Program, TrainError> {
+    let shape = BatchShape {
+        batch: cfg.data.batch_size,
+        src_len: cfg.data.max_len,
+        tgt_len: cfg.data.max_len,
+    };
+    let eb = Builder::with_mesh(cfg.mesh()?);
+    let ebuilt = build(&eb, model, &shape, &cfg.layout(), false)?;
+    eb.output("ce", &ebuilt.ce);
+    eb.output("logits", &ebuilt.logits);
+    Ok(eb.finish())
 }
 
 impl Programs {

@@ -2,7 +2,7 @@
 //! evaluation, decoding and BLEU, and the [`Report`] it ends with.
 
 use super::batches::{batch_at, batch_tensors, prepare_data, select_langs, tokenizer_for};
-use super::decode::translate;
+use super::decode::{translate, DecodeOptions};
 use super::programs::build_programs;
 use super::programs::Programs;
 use super::rundir::{RunDir, RunLock};
@@ -609,7 +609,8 @@ pub fn run(
             .map_err(io(log.path()))?;
     }
     let srcs: Vec<Vec<u32>> = data.dev.iter().map(|e| e.src.clone()).collect();
-    let hyps_ids = translate(&tr, &tok, &srcs, cfg.eval.beam, cfg.eval.length_penalty)?;
+    let opts = DecodeOptions::new(cfg.eval.beam, cfg.eval.length_penalty);
+    let hyps_ids = translate(&tr, &tok, &srcs, &opts)?;
     let hyps: Vec<String> = hyps_ids.iter().map(|h| tok.decode(h)).collect();
     let refs: Vec<&str> = data.dev.iter().map(|e| e.english.as_str()).collect();
     let hyp_refs: Vec<&str> = hyps.iter().map(String::as_str).collect();

@@ -3,6 +3,7 @@
 //! step's inputs `<x>` (same sharding), so only a batch is cut and fed per step.
 
 use super::batches::{batch_tensors, splitmix, Example};
+use super::incremental::Decoder;
 use super::programs::{init_tensor, Programs};
 use super::TrainError;
 use crate::config::TrainConfig;
@@ -27,10 +28,15 @@ pub struct Trainer {
     /// across steps, so a step allocates nothing once warm).
     step_exe: OnceLock<runtime::Executable>,
     eval_exe: OnceLock<runtime::Executable>,
+    /// The incremental decoding programs, built and prepared on first use.
+    pub(super) decoder: OnceLock<Decoder>,
 }
 
+/// Per local device, its shards of a program's inputs (shared, not copied, by the runs).
+pub(super) type DeviceInputs = Vec<HashMap<String, Arc<HostTensor>>>;
+
 /// The executable of `p` in `cell`, prepared on first use.
-fn prepared<'a>(
+pub(super) fn prepared<'a>(
     cell: &'a OnceLock<runtime::Executable>,
     p: &ir::Program,
 ) -> Result<&'a runtime::Executable, TrainError> {
@@ -101,6 +107,7 @@ impl Trainer {
             peak_bytes_per_device: 0,
             step_exe: OnceLock::new(),
             eval_exe: OnceLock::new(),
+            decoder: OnceLock::new(),
         })
     }
 
@@ -232,6 +239,86 @@ impl Trainer {
     /// Whether this process writes the run's files (process 0).
     pub fn is_root(&self) -> bool {
         self.comm.process_index() == 0
+    }
+
+    /// This process's devices' shards of the parameters `part` reads (for a program other
+    /// than the step's, e.g. decoding's). A parameter that `part` lays out differently from
+    /// the step program is cut again from the gathered global tensor (collective: every
+    /// process takes the same branch, since the programs are the same).
+    pub(super) fn params_for(&self, part: &Partitioned) -> Result<DeviceInputs, TrainError> {
+        let mesh = self.mesh();
+        let is_param = |name: &str| self.programs.params.iter().any(|s| s.name == name);
+        let moved = part.params.iter().any(|l| {
+            is_param(&l.name)
+                && !self
+                    .programs
+                    .step
+                    .params
+                    .iter()
+                    .any(|s| s.name == l.name && s.sharding == l.sharding)
+        });
+        let global = if moved {
+            Some(self.global_state()?)
+        } else {
+            None
+        };
+        let positions = self.comm.local_positions();
+        let mut out: DeviceInputs = vec![HashMap::new(); positions.len()];
+        for l in part.params.iter().filter(|l| is_param(&l.name)) {
+            for (j, (&pos, m)) in positions.iter().zip(out.iter_mut()).enumerate() {
+                let t = match &global {
+                    Some(g) => g
+                        .get(&l.name)
+                        .map(|t| t.block(&driver::block(l, &mesh, pos))),
+                    None => self.state[j].get(&l.name).cloned(),
+                };
+                let t = t.ok_or_else(|| {
+                    TrainError::Run(format!("the model has no parameter `{}`", l.name))
+                })?;
+                m.insert(l.name.clone(), Arc::new(t));
+            }
+        }
+        Ok(out)
+    }
+
+    /// `part`'s input shards of the global tensors in `inputs` added to `base` (per local
+    /// device).
+    pub(super) fn with_inputs(
+        &self,
+        part: &Partitioned,
+        base: &[HashMap<String, Arc<HostTensor>>],
+        inputs: &HashMap<String, HostTensor>,
+    ) -> DeviceInputs {
+        let mesh = self.mesh();
+        let positions = self.comm.local_positions();
+        let mut per = base.to_vec();
+        for l in &part.params {
+            if let Some(t) = inputs.get(&l.name) {
+                for (&pos, m) in positions.iter().zip(per.iter_mut()) {
+                    m.insert(
+                        l.name.clone(),
+                        Arc::new(t.block(&driver::block(l, &mesh, pos))),
+                    );
+                }
+            }
+        }
+        per
+    }
+
+    /// Run `exe` (prepared from `part`) on `base` (per local device, e.g. from
+    /// [`Trainer::params_for`]) plus the shards of the global `inputs`: `part`'s global
+    /// outputs, on every process.
+    pub(super) fn run_global(
+        &self,
+        part: &Partitioned,
+        exe: &runtime::Executable,
+        base: &[HashMap<String, Arc<HostTensor>>],
+        inputs: &HashMap<String, HostTensor>,
+    ) -> Result<HashMap<String, HostTensor>, TrainError> {
+        let per = self.with_inputs(part, base, inputs);
+        let r = exe.run_shared(self.comm.as_ref(), &per, None)?;
+        let all = gather_positions(self.comm.as_ref(), &r.outputs, self.mesh().num_devices())?;
+        Ok(driver::assemble_outputs(part, &all))
     }
 
     /// Run the evaluation program on `batch`: (mean cross-entropy, logits).

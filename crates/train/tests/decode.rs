@@ -1,0 +1,203 @@
+//! Incremental decoding (the encoder once per batch, one decoder position per step with
+//! cached keys and values) gives the same tokens as the whole-model re-decode, for greedy
+//! and beam search, on random MoE Transformers and meshes.
+//!
+//! The condition: both route MoE tokens dropless. When the run's capacity holds every token
+//! of a group (`C >= S`), the re-decode is the evaluation program itself, exactly today's
+//! decoding; otherwise (the default config: `S = 256`, `C = 128`) decoding re-runs a
+//! dropless copy of it, since with drops a token's routing depends on the rest of its group
+//! (other sentences, padding at later positions) and no cache can reproduce that.
+
+use std::sync::Arc;
+use train::config::TrainConfig;
+use train::data::{Corpus, Pair};
+use train::tokenizer::Tokenizer;
+use train::trainer::{
+    build_programs, load_run, run, translate, DecodeMode, DecodeOptions, LoadedRun, RunOptions,
+    Trainer,
+};
+
+/// A tiny MoE encoder-decoder: every FFN is MoE, `E = 4` experts, groups of `S = 16`.
+fn tiny(mesh: (usize, usize), capacity_factor: f64) -> TrainConfig {
+    let mut c = TrainConfig::default();
+    c.mesh.data = mesh.0;
+    c.mesh.expert = mesh.1;
+    c.data.batch_size = 8;
+    c.data.max_len = 8;
+    c.data.vocab_size = 300;
+    c.model.model_dim = 16;
+    c.model.heads = 2;
+    c.model.head_dim = 8;
+    c.model.ffn_dim = 32;
+    c.model.enc_layers = 1;
+    c.model.dec_layers = 2;
+    c.model.moe_every = 1;
+    c.model.experts = 4;
+    c.model.group_size = 16;
+    c.model.capacity_factor = capacity_factor;
+    c
+}
+
+/// Word-by-word "translations" of random 2-4 word phrases into English.
+fn corpus() -> Corpus {
+    let mut pairs = Vec::new();
+    for p in testkit::phrases::phrases(1500) {
+        for (lang, src) in [("de", &p.de), ("fr", &p.fr)] {
+            pairs.push(Pair {
+                lang: Arc::from(lang),
+                origin: Arc::from("test"),
+                english: p.en.clone(),
+                source: src.clone(),
+            });
+        }
+    }
+    Corpus::from_pairs(pairs)
+}
+
+/// `cfg` trained for a few steps (so that translations depend on the source and vary along
+/// the sentence), loaded back.
+fn trained(cfg: &TrainConfig, tag: &str) -> LoadedRun {
+    let mut cfg = cfg.clone();
+    cfg.steps = TRAIN_STEPS;
+    cfg.log_every = TRAIN_STEPS;
+    cfg.eval_every = 0;
+    cfg.checkpoint_every = TRAIN_STEPS;
+    cfg.data.dev_size = 8;
+    let dir = std::env::temp_dir().join(format!("gshard-decode-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    run(&cfg, &corpus(), &RunOptions::new(dir.clone()), &mut |_| {}).unwrap();
+    let loaded = load_run(&dir).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    loaded
+}
+
+const TRAIN_STEPS: u64 = 150;
+
+fn sources(tok: &Tokenizer, n: usize, max_len: usize) -> Vec<Vec<u32>> {
+    testkit::phrases::phrases(n)
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (lang, text) = if i % 2 == 0 {
+                ("de", &p.de)
+            } else {
+                ("fr", &p.fr)
+            };
+            tok.encode_source(lang, text, max_len).unwrap()
+        })
+        .collect()
+}
+
+/// Decode 11 sentences (two batches and a part) greedily and with beams of 2 and 3 (3 leaves
+/// rows of every batch unused) both ways; the tokens must be equal.
+fn check(cfg: &TrainConfig, tag: &str) {
+    cfg.validate().unwrap();
+    let LoadedRun {
+        tok, trainer: tr, ..
+    } = trained(cfg, tag);
+    let srcs = sources(&tok, 11, cfg.data.max_len);
+    for beam in [1, 2, 3] {
+        let opts = DecodeOptions::new(beam, 0.6);
+        let fast = translate(&tr, &tok, &srcs, &opts).unwrap();
+        let full = translate(&tr, &tok, &srcs, &opts.mode(DecodeMode::Full)).unwrap();
+        assert_eq!(fast.len(), srcs.len());
+        assert!(fast.iter().all(|h| !h.is_empty()));
+        assert_eq!(
+            fast, full,
+            "beam {beam}: incremental and full decoding differ"
+        );
+    }
+}
+
+/// `C = ceil(2 * 16 * 2 / 4) = 16 = S`: the evaluation program drops nothing, and the
+/// re-decode is today's decoding exactly.
+#[test]
+fn incremental_equals_full_redecode_of_the_eval_program() {
+    check(&tiny((1, 2), 2.0), "eval");
+}
+
+/// `C = 8 < S = 16` (as in the default config): decoding routes dropless in both modes.
+#[test]
+fn incremental_equals_dropless_full_redecode_when_capacity_can_drop() {
+    check(&tiny((1, 2), 1.0), "drops");
+}
+
+/// Groups and experts split over a 2x2 mesh: the step's MoE groups are one per device.
+#[test]
+fn incremental_equals_full_redecode_on_a_2x2_mesh() {
+    let mut c = tiny((2, 2), 1.0);
+    c.model.enc_layers = 2;
+    c.model.moe_every = 2;
+    check(&c, "mesh");
+}
+
+/// A decoder-only model decodes the same way (no encoder program, no cross-attention).
+#[test]
+fn incremental_equals_full_redecode_without_an_encoder() {
+    let mut c = tiny((1, 2), 1.0);
+    c.model.enc_layers = 0;
+    check(&c, "lm");
+}
+
+/// Sentences per second, full re-decode against incremental, on a dev-sized batch of the
+/// default model (64 sentences, `max_len` 32, mesh 2x4, greedy): run with
+/// `cargo test --release -p train --test decode -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_sentences_per_second() {
+    let cfg = TrainConfig::default();
+    // A tokenizer with a vocabulary near the default's 4000, from random words.
+    let mut x: u64 = 7;
+    let mut next = || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) as usize
+    };
+    let words: Vec<String> = (0..3000)
+        .map(|_| {
+            (0..3 + next() % 6)
+                .map(|_| (b'a' + (next() % 26) as u8) as char)
+                .collect()
+        })
+        .collect();
+    let texts: Vec<String> = (0..4000)
+        .map(|_| {
+            (0..6 + next() % 10)
+                .map(|_| words[next() % words.len()].as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let tok = Tokenizer::train(texts.clone(), &["de"], cfg.data.vocab_size).unwrap();
+    let programs = build_programs(&cfg, tok.vocab_size()).unwrap();
+    let tr = Trainer::new(&cfg, programs, None, 0).unwrap();
+    let srcs: Vec<Vec<u32>> = texts[..cfg.data.batch_size]
+        .iter()
+        .map(|t| tok.encode_source("de", t, cfg.data.max_len).unwrap())
+        .collect();
+    for beam in [1, 4] {
+        let opts = DecodeOptions::new(beam, 0.6);
+        // Warm up (programs built and prepared), then time.
+        translate(&tr, &tok, &srcs[..1], &opts).unwrap();
+        translate(&tr, &tok, &srcs[..1], &opts.mode(DecodeMode::Full)).unwrap();
+        let t0 = std::time::Instant::now();
+        let fast = translate(&tr, &tok, &srcs, &opts).unwrap();
+        let t_fast = t0.elapsed().as_secs_f64();
+        let t0 = std::time::Instant::now();
+        let full = translate(&tr, &tok, &srcs, &opts.mode(DecodeMode::Full)).unwrap();
+        let t_full = t0.elapsed().as_secs_f64();
+        let n = srcs.len() as f64;
+        println!(
+            "beam {beam}: vocab {}, {} sentences: full {:.2} s ({:.2} sentences/s), incremental {:.2} s ({:.2} sentences/s), speedup {:.1}x, same tokens: {}",
+            tok.vocab_size(),
+            srcs.len(),
+            t_full,
+            n / t_full,
+            t_fast,
+            n / t_fast,
+            t_full / t_fast,
+            fast == full
+        );
+    }
+}
