@@ -145,8 +145,8 @@ pub struct ModelConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EvalConfig {
-    /// Beam width for BLEU decoding (1 = greedy, the default: every output position
-    /// re-runs the whole model, so a beam of k costs k times more).
+    /// Beam width for BLEU decoding (1 = greedy, the default; a beam of k decodes k
+    /// hypotheses per sentence, one decoder position per step over cached keys and values).
     pub beam: usize,
     /// Length penalty alpha of beam search ((5+len)/6)^alpha.
     pub length_penalty: f64,

@@ -12,10 +12,7 @@ use std::sync::Arc;
 use train::config::TrainConfig;
 use train::data::{Corpus, Pair};
 use train::tokenizer::Tokenizer;
-use train::trainer::{
-    build_programs, load_run, run, translate, DecodeMode, DecodeOptions, LoadedRun, RunOptions,
-    Trainer,
-};
+use train::trainer::{load_run, run, translate, DecodeMode, DecodeOptions, LoadedRun, RunOptions};
 
 /// A tiny MoE encoder-decoder: every FFN is MoE, `E = 4` experts, groups of `S = 16`.
 fn tiny(mesh: (usize, usize), capacity_factor: f64) -> TrainConfig {
@@ -137,67 +134,4 @@ fn incremental_equals_full_redecode_without_an_encoder() {
     let mut c = tiny((1, 2), 1.0);
     c.model.enc_layers = 0;
     check(&c, "lm");
-}
-
-/// Sentences per second, full re-decode against incremental, on a dev-sized batch of the
-/// default model (64 sentences, `max_len` 32, mesh 2x4, greedy): run with
-/// `cargo test --release -p train --test decode -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn bench_sentences_per_second() {
-    let cfg = TrainConfig::default();
-    // A tokenizer with a vocabulary near the default's 4000, from random words.
-    let mut x: u64 = 7;
-    let mut next = || {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (x >> 33) as usize
-    };
-    let words: Vec<String> = (0..3000)
-        .map(|_| {
-            (0..3 + next() % 6)
-                .map(|_| (b'a' + (next() % 26) as u8) as char)
-                .collect()
-        })
-        .collect();
-    let texts: Vec<String> = (0..4000)
-        .map(|_| {
-            (0..6 + next() % 10)
-                .map(|_| words[next() % words.len()].as_str())
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .collect();
-    let tok = Tokenizer::train(texts.clone(), &["de"], cfg.data.vocab_size).unwrap();
-    let programs = build_programs(&cfg, tok.vocab_size()).unwrap();
-    let tr = Trainer::new(&cfg, programs, None, 0).unwrap();
-    let srcs: Vec<Vec<u32>> = texts[..cfg.data.batch_size]
-        .iter()
-        .map(|t| tok.encode_source("de", t, cfg.data.max_len).unwrap())
-        .collect();
-    for beam in [1, 4] {
-        let opts = DecodeOptions::new(beam, 0.6);
-        // Warm up (programs built and prepared), then time.
-        translate(&tr, &tok, &srcs[..1], &opts).unwrap();
-        translate(&tr, &tok, &srcs[..1], &opts.mode(DecodeMode::Full)).unwrap();
-        let t0 = std::time::Instant::now();
-        let fast = translate(&tr, &tok, &srcs, &opts).unwrap();
-        let t_fast = t0.elapsed().as_secs_f64();
-        let t0 = std::time::Instant::now();
-        let full = translate(&tr, &tok, &srcs, &opts.mode(DecodeMode::Full)).unwrap();
-        let t_full = t0.elapsed().as_secs_f64();
-        let n = srcs.len() as f64;
-        println!(
-            "beam {beam}: vocab {}, {} sentences: full {:.2} s ({:.2} sentences/s), incremental {:.2} s ({:.2} sentences/s), speedup {:.1}x, same tokens: {}",
-            tok.vocab_size(),
-            srcs.len(),
-            t_full,
-            n / t_full,
-            t_fast,
-            n / t_fast,
-            t_full / t_fast,
-            fast == full
-        );
-    }
 }
