@@ -101,13 +101,16 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         a.beam.unwrap_or(run.cfg.eval.beam),
         run.cfg.eval.length_penalty,
     );
+    let t0 = std::time::Instant::now();
     let (loss, bleu, _) = trainer::evaluate_pairs(&run, &pairs, &opts)?;
+    let seconds = t0.elapsed().as_secs_f64();
     println!(
-        "{} pairs ({} split, {} languages), step {}",
+        "{} pairs ({} split, {} languages), step {}, evaluated in {seconds:.2} s ({:.1} sentences/s, loss and decoding)",
         pairs.len(),
         a.split,
         langs.len(),
-        run.trainer.step
+        run.trainer.step,
+        pairs.len() as f64 / seconds.max(1e-9)
     );
     println!("loss {loss:.4}   perplexity {:.2}", loss.exp());
     match bleu {
