@@ -79,17 +79,10 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     } else {
         Split::Test
     };
-    let lists: Vec<_> = langs.iter().map(|l| corpus.split(l, split)).collect();
-    let mut pairs = Vec::new();
-    let mut i = 0;
-    while pairs.len() < a.limit && lists.iter().any(|l| i < l.len()) {
-        for l in &lists {
-            if pairs.len() < a.limit && i < l.len() {
-                pairs.push(&l[i]);
-            }
-        }
-        i += 1;
-    }
+    // The trainer's rule for held-out pairs (its dev set's, over the tokenizer's language order).
+    let min_words = run.cfg.data.min_english_words;
+    let keep = |p: &&train::data::Pair| p.english.split_whitespace().count() >= min_words;
+    let pairs = trainer::held_out(&corpus, &langs, split, a.limit, &keep);
     if pairs.is_empty() {
         bail!(
             "no {} pairs for the run's languages in {}",

@@ -144,30 +144,42 @@ pub fn prepare_data(
     })
 }
 
-/// The dev set: round-robin over the languages, up to `dev_size` pairs. Each language's dev
-/// pairs are taken in the order of their English hash ([`english_hash`]: a sample spread
-/// over every source, not the corpus file's first source), skipping an English sentence
-/// another language already brought while it has others, so the set holds as many distinct
-/// references as it can (the corpus is multi-way parallel).
+/// The dev set: [`held_out`] pairs of the dev split, `dev_size` of them.
 fn dev_set<'c>(
     cfg: &TrainConfig,
     corpus: &'c Corpus,
     langs: &[String],
     keep: &dyn Fn(&&Pair) -> bool,
 ) -> Vec<&'c Pair> {
-    let mut devs: Vec<Vec<&Pair>> = langs
+    held_out(corpus, langs, Split::Dev, cfg.data.dev_size, keep)
+}
+
+/// Up to `size` pairs of a held-out `split`, round-robin over the languages (what the
+/// trainer's dev set and `gshard eval` decode). Each language's pairs that `keep` accepts
+/// are taken in the order of their English hash ([`english_hash`]: a sample spread over
+/// every source, not the corpus file's first source), skipping an English sentence another
+/// language already brought while it has others, so the set holds as many distinct
+/// references as it can (the corpus is multi-way parallel).
+pub fn held_out<'c>(
+    corpus: &'c Corpus,
+    langs: &[String],
+    split: Split,
+    size: usize,
+    keep: &dyn Fn(&&Pair) -> bool,
+) -> Vec<&'c Pair> {
+    let mut lists: Vec<Vec<&Pair>> = langs
         .iter()
-        .map(|l| corpus.split(l, Split::Dev).iter().filter(keep).collect())
+        .map(|l| corpus.split(l, split).iter().filter(keep).collect())
         .collect();
-    for d in &mut devs {
+    for d in &mut lists {
         d.sort_by_cached_key(|p| (english_hash(&p.english), p.english.clone()));
     }
-    let mut taken: Vec<Vec<bool>> = devs.iter().map(|d| vec![false; d.len()]).collect();
+    let mut taken: Vec<Vec<bool>> = lists.iter().map(|d| vec![false; d.len()]).collect();
     let mut seen: HashSet<String> = HashSet::new();
-    let mut dev = Vec::new();
-    while dev.len() < cfg.data.dev_size && taken.iter().any(|t| t.contains(&false)) {
-        for (d, t) in devs.iter().zip(&mut taken) {
-            if dev.len() == cfg.data.dev_size {
+    let mut out = Vec::new();
+    while out.len() < size && taken.iter().any(|t| t.contains(&false)) {
+        for (d, t) in lists.iter().zip(&mut taken) {
+            if out.len() == size {
                 break;
             }
             let fresh =
@@ -175,11 +187,11 @@ fn dev_set<'c>(
             if let Some(i) = fresh.or_else(|| t.iter().position(|&x| !x)) {
                 t[i] = true;
                 seen.insert(english_key(&d[i].english));
-                dev.push(d[i]);
+                out.push(d[i]);
             }
         }
     }
-    dev
+    out
 }
 
 /// Host tensors of a batch (padding rows have zero weight).

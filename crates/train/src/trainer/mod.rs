@@ -34,7 +34,7 @@ mod run;
 mod rundir;
 mod step;
 
-pub use batches::{batch_at, batch_tensors, prepare_data, tokenizer_for, Data, Example};
+pub use batches::{batch_at, batch_tensors, held_out, prepare_data, tokenizer_for, Data, Example};
 pub use decode::{translate, DecodeMode, DecodeOptions};
 pub use load::{evaluate_pairs, load_run, LoadedRun};
 pub use programs::{build_programs, init_tensor, Programs};
