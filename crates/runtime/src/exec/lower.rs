@@ -290,39 +290,10 @@ fn group(p: &Program, absorbed: &IdVec<ValueId, bool>, i: ValueId) -> Step {
     Step::new(i, kind, g.inputs, "fused", label)
 }
 
-/// Whether `op` can join a fused group.
+/// Whether `op` can join a fused group: every elementwise op ([`Op::class`]), and reshapes
+/// (an identity on a contiguous buffer).
 pub(crate) fn fusible(op: &Op) -> bool {
-    match op {
-        Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::Convert
-        | Op::StopGradient
-        | Op::Copy
-        | Op::Reshape => true,
-        Op::Parameter { .. }
-        | Op::Constant { .. }
-        | Op::Iota { .. }
-        | Op::Broadcast { .. }
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice
-        | Op::Pad { .. }
-        | Op::Concatenate { .. }
-        | Op::Reduce { .. }
-        | Op::DotGeneral(_)
-        | Op::Conv { .. }
-        | Op::Reverse { .. }
-        | Op::Cumsum { .. }
-        | Op::Argmax { .. }
-        | Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::Rng { .. }
-        | Op::PartitionId
-        | Op::Collective(_) => false,
-    }
+    op.is_elementwise() || matches!(op, Op::Reshape)
 }
 
 /// Leaves inlined into groups instead of being read from memory.
