@@ -335,6 +335,7 @@ fn write_at(cache: &Value, x: &Value, pos: &Value) -> Value {
 mod tests {
     use super::*;
     use crate::moe::{Activation, SecondPolicy};
+    use crate::transformer::Packing;
 
     fn model(group_size: usize, capacity: usize) -> TransformerConfig {
         TransformerConfig {
@@ -419,6 +420,7 @@ mod tests {
             batch: 8,
             src_len: 6,
             tgt_len: 5,
+            packing: Packing::Padded,
         };
         let st = build_step(&b, &cfg, &shape, &layout).unwrap();
         assert_eq!(st.logits.shape(), [8, 11]);

@@ -66,6 +66,8 @@ pub struct AttnMask {
     pub causal: bool,
     /// `[B, S]` float, 1 = padding key.
     pub key_padding: Option<Value>,
+    /// `[B, T, S]` additive bias (0 or -1e9), e.g. [`segment_bias`] of a packed batch.
+    pub bias: Option<Value>,
 }
 
 /// The weights of one multi-head attention layer: `wq, wk, wv [M,N,D]`, `wo [N,D,M]`.
@@ -191,6 +193,24 @@ pub fn padding_bias(key_padding: &Value, heads: usize, t: usize) -> Value {
         .broadcast_to(&[bsz, heads, t, s])
 }
 
+/// The attention bias `[B,T,S]` of a packed batch: 0 where the query's segment id
+/// `seg_q [B,T]` (i32) equals the key's `seg_k [B,S]` and the key is real (segment 0 is
+/// padding), -1e9 elsewhere; with `causal`, also -1e9 where key `s > t`. A sentence attends
+/// only within itself (self-attention) or to its own source (cross-attention).
+pub fn segment_bias(seg_q: &Value, seg_k: &Value, causal: bool, dt: DType) -> Value {
+    let b = seg_q.builder();
+    let (bsz, t, s) = (seg_q.shape()[0], seg_q.shape()[1], seg_k.shape()[1]);
+    let q = seg_q.reshape(&[bsz, t, 1]).broadcast_to(&[bsz, t, s]);
+    let k = seg_k.reshape(&[bsz, 1, s]).broadcast_to(&[bsz, t, s]);
+    let mut keep = q.eq(&k).and(&k.ne(0.0));
+    if causal {
+        let ti = b.iota(Type::new(DType::I32, vec![t, s]), 0);
+        let si = b.iota(Type::new(DType::I32, vec![t, s]), 1);
+        keep = keep.and(&si.le(&ti).reshape(&[1, t, s]).broadcast_to(&[bsz, t, s]));
+    }
+    keep.select(0.0, &b.splat(MASKED, Type::new(dt, vec![bsz, t, s])))
+}
+
 /// Softmax over the keys of `logits [B,N,T,S]` (biases added), the weighted sum of
 /// `v [B,S,N,D]`, projected by `wo [N,D,M]`: `[B,T,M]`.
 pub fn attn_output(logits: &Value, v: &Value, wo: &Value) -> Value {
@@ -226,6 +246,13 @@ pub fn attention(
     }
     if let Some(kp) = &mask.key_padding {
         logits = logits.add(&padding_bias(kp, heads, t));
+    }
+    if let Some(bias) = &mask.bias {
+        logits = logits.add(
+            &bias
+                .reshape(&[bsz, 1, t, s])
+                .broadcast_to(&[bsz, heads, t, s]),
+        );
     }
     Ok(attn_output(&logits, &v, &w.wo))
 }

@@ -8,7 +8,9 @@
 //! (data parallel: their gradients need an all-reduce), MoE groups split over `batch_axes`
 //! and experts over `expert_axes` (GShard's layout).
 
-use crate::layers::{attention, cross_entropy, dropout, embed, rms_norm, sinusoid, AttnMask};
+use crate::layers::{
+    attention, cross_entropy, dropout, embed, rms_norm, segment_bias, sinusoid, AttnMask,
+};
 use crate::moe::{moe_layer, Activation, Gate, MoeSharding, MoeWeights, Route, SecondPolicy, Top2};
 use crate::params::{Init, ParamSpec, Params};
 use ir::{Builder, DType, Type, Value};
@@ -66,6 +68,20 @@ pub struct BatchShape {
     pub batch: usize,
     pub src_len: usize,
     pub tgt_len: usize,
+    pub packing: Packing,
+}
+
+/// How sentences sit in the rows of a batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Packing {
+    /// One sentence pair per row, padded to the row's length (input `src_pad`).
+    #[default]
+    Padded,
+    /// Several pairs per row, one after the other: the inputs `src_seg`, `tgt_seg` (i32,
+    /// the pair's number in its row from 1, 0 = padding) keep each sentence's attention
+    /// within itself and its own source, and `src_pos`, `tgt_pos` (i32) give each token
+    /// its position in its sentence. Short sentences fill a batch without padding.
+    Packed,
 }
 
 /// What building a model produced.
@@ -290,20 +306,33 @@ impl<'a> Ctx<'a> {
         src: &Value,
         src_pad: &Value,
     ) -> Result<Value, ShardingError> {
-        let cfg = self.cfg;
-        let b = src.builder();
-        let (s, m, dt) = (src.shape()[1], cfg.model_dim, cfg.dtype);
-        let mut x = embed(table, src)
-            .mul((m as f64).sqrt())
-            .add(&sinusoid(b, s, m, dt).reshape(&[1, s, m]));
-        x = self.annotate_batch(&dropout(&x, cfg.dropout, self.seed.as_ref()))?;
         let mask = AttnMask {
             causal: false,
             key_padding: Some(src_pad.clone()),
+            bias: None,
         };
+        self.encode(p, table, src, None, &mask)
+    }
+
+    /// The encoder on `src [B,S]` with token positions `pos [B,S]` (i32; `None`: the row's
+    /// positions `0..S`) and its self-attention `mask`.
+    pub(crate) fn encode(
+        &mut self,
+        p: &mut Params,
+        table: &Value,
+        src: &Value,
+        pos: Option<&Value>,
+        mask: &AttnMask,
+    ) -> Result<Value, ShardingError> {
+        let cfg = self.cfg;
+        let s = src.shape()[1];
+        let x = embed(table, src)
+            .mul((cfg.model_dim as f64).sqrt())
+            .add(&positions(src.builder(), cfg, s, pos));
+        let mut x = self.annotate_batch(&dropout(&x, cfg.dropout, self.seed.as_ref()))?;
         for l in 0..cfg.enc_layers {
             x = p.scope("encoder", |p| {
-                p.scope(&format!("layer{l}"), |p| self.block(p, &x, l, &mask, None))
+                p.scope(&format!("layer{l}"), |p| self.block(p, &x, l, mask, None))
             })?;
         }
         p.scope("encoder", |p| {
@@ -330,6 +359,17 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// Sinusoidal position encodings added to the embeddings of a row of `len` tokens: `[1,len,M]`
+/// for positions `0..len`, or `[B,len,M]` looked up at `pos [B,len]` (i32, a packed batch).
+fn positions(b: &Builder, cfg: &TransformerConfig, len: usize, pos: Option<&Value>) -> Value {
+    let (m, dt) = (cfg.model_dim, cfg.dtype);
+    let table = sinusoid(b, len, m, dt);
+    match pos {
+        None => table.reshape(&[1, len, m]),
+        Some(pos) => embed(&table, pos),
+    }
+}
+
 /// The target embedding table `embed [V,M]` (replicated).
 pub(crate) fn tgt_table(p: &mut Params, cfg: &TransformerConfig) -> Result<Value, ShardingError> {
     let m = cfg.model_dim;
@@ -346,7 +386,8 @@ pub(crate) fn tgt_table(p: &mut Params, cfg: &TransformerConfig) -> Result<Value
 /// Parameters created: the model's weights (see [`Built::params`]) plus the data inputs
 /// `tgt_in`, `tgt_out` (i32 `[B, T]`), `tgt_weight` (`[B, T]`, 1 = real token) and, for
 /// encoder-decoders, `src` (i32 `[B, S]`) and `src_pad` (`[B, S]`, 1 = padding); and `seed`
-/// (i32 scalar) when `train` (dropout and random routing).
+/// (i32 scalar) when `train` (dropout and random routing). A [`Packing::Packed`] batch takes
+/// `src_seg`, `src_pos` `[B, S]` and `tgt_seg`, `tgt_pos` `[B, T]` (i32) instead of `src_pad`.
 pub fn build(
     b: &Builder,
     cfg: &TransformerConfig,
@@ -377,28 +418,65 @@ pub fn build(
     let tgt_weight = cx.annotate_batch(&b.param("tgt_weight", Type::new(dt, vec![bsz, t])))?;
     let tgt_table = tgt_table(&mut p, cfg)?;
     let scale = (m as f64).sqrt();
+    // A packed batch: segment ids and in-sentence positions of both sides.
+    let packed = match shape.packing {
+        Packing::Padded => None,
+        Packing::Packed => {
+            let input =
+                |name: &str, len: usize| cx.annotate_batch(&b.param(name, i32t(&[bsz, len])));
+            let src = (input("src_seg", s)?, input("src_pos", s)?);
+            let tgt = (input("tgt_seg", t)?, input("tgt_pos", t)?);
+            Some((src, tgt))
+        }
+    };
     let memory = if cfg.enc_layers > 0 {
         let src = cx.annotate_batch(&b.param("src", i32t(&[bsz, s])))?;
-        let src_pad = cx.annotate_batch(&b.param("src_pad", Type::new(dt, vec![bsz, s])))?;
+        let (pos, self_mask, cross_mask) = match &packed {
+            None => {
+                let src_pad =
+                    cx.annotate_batch(&b.param("src_pad", Type::new(dt, vec![bsz, s])))?;
+                let mask = AttnMask {
+                    causal: false,
+                    key_padding: Some(src_pad),
+                    bias: None,
+                };
+                (None, mask.clone(), mask)
+            }
+            Some(((src_seg, src_pos), (tgt_seg, _))) => {
+                let bias = |q: &Value, k: &Value| cx.annotate_batch(&segment_bias(q, k, false, dt));
+                let self_mask = AttnMask {
+                    bias: Some(bias(src_seg, src_seg)?),
+                    ..AttnMask::default()
+                };
+                let cross_mask = AttnMask {
+                    bias: Some(bias(tgt_seg, src_seg)?),
+                    ..AttnMask::default()
+                };
+                (Some(src_pos), self_mask, cross_mask)
+            }
+        };
         let src_table = cx.src_table(&mut p, &tgt_table)?;
-        let x = cx.encoder(&mut p, &src_table, &src, &src_pad)?;
-        Some((
-            x,
-            AttnMask {
-                causal: false,
-                key_padding: Some(src_pad),
-            },
-        ))
+        let x = cx.encode(&mut p, &src_table, &src, pos, &self_mask)?;
+        Some((x, cross_mask))
     } else {
         None
     };
-    let mut y = embed(&tgt_table, &tgt_in)
-        .mul(scale)
-        .add(&sinusoid(b, t, m, dt).reshape(&[1, t, m]));
+    let mut y = embed(&tgt_table, &tgt_in).mul(scale).add(&positions(
+        b,
+        cfg,
+        t,
+        packed.as_ref().map(|(_, (_, pos))| pos),
+    ));
     y = cx.annotate_batch(&dropout(&y, cfg.dropout, cx.seed.as_ref()))?;
-    let causal = AttnMask {
-        causal: true,
-        key_padding: None,
+    let causal = match &packed {
+        None => AttnMask {
+            causal: true,
+            ..AttnMask::default()
+        },
+        Some((_, (tgt_seg, _))) => AttnMask {
+            bias: Some(cx.annotate_batch(&segment_bias(tgt_seg, tgt_seg, true, dt))?),
+            ..AttnMask::default()
+        },
     };
     for l in 0..cfg.dec_layers {
         let cross = memory.as_ref().map(|(mem, mask)| (mem, mask));

@@ -15,6 +15,10 @@ pub struct Ctx {
     pid: Option<Value>,
     ranks: HashMap<Vec<String>, Value>,
     pub(crate) reshard_cache: HashMap<(ValueId, Sharding), PartitionedValue>,
+    /// Global instruction -> its value as a pending partial sum, before the driver reduced
+    /// it: an add or subtract of such values sums the local parts and reduces once (the
+    /// reductions it leaves unused are pruned).
+    pub(crate) partial_sums: HashMap<usize, PartitionedValue>,
 }
 
 impl Ctx {
@@ -26,6 +30,7 @@ impl Ctx {
             pid: None,
             ranks: HashMap::new(),
             reshard_cache: HashMap::new(),
+            partial_sums: HashMap::new(),
         }
     }
 

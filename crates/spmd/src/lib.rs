@@ -62,6 +62,9 @@ pub fn partition(p: &Program) -> Result<Partitioned, SpmdError> {
         ctx.at = i;
         let target = ins.sharding.clone().unwrap();
         let pv = handlers::partition_instr(&mut ctx, p, i, &vals)?;
+        if !pv.sharding.partial.is_empty() && pv.sharding.dims == target.dims {
+            ctx.partial_sums.insert(i, pv.clone());
+        }
         let pv = reshard::reshard(&mut ctx, &pv, &target)?;
         if let ir::Op::Parameter { name } = &ins.op {
             params.push(IoLayout {

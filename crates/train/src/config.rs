@@ -101,8 +101,12 @@ pub struct DataConfig {
     pub temperature: f64,
     /// Tokens per sequence (source incl. its language tag and `</s>`; target incl. `<s>`/`</s>`).
     pub max_len: usize,
-    /// Sentence pairs per step (must divide by the device count).
+    /// Rows per step (must divide by the device count): one sentence pair each, or, packed,
+    /// as many as fit in `max_len` tokens per side.
     pub batch_size: usize,
+    /// "packed" (short pairs share a row, each attending only within itself) or "padded"
+    /// (one pair per row).
+    pub packing: Packing,
     /// Dev pairs used for dev loss and BLEU.
     pub dev_size: usize,
     pub vocab_size: usize,
@@ -110,6 +114,23 @@ pub struct DataConfig {
     pub tokenizer_pairs_per_lang: usize,
     /// Skip pairs whose English side has fewer words (software labels are tiny).
     pub min_english_words: usize,
+}
+
+/// How a training step's pairs fill its rows ([`nn::transformer::Packing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Packing {
+    Packed,
+    Padded,
+}
+
+impl From<Packing> for nn::transformer::Packing {
+    fn from(p: Packing) -> Self {
+        match p {
+            Packing::Packed => nn::transformer::Packing::Packed,
+            Packing::Padded => nn::transformer::Packing::Padded,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -192,6 +213,7 @@ impl Default for DataConfig {
             temperature: 5.0,
             max_len: 32,
             batch_size: 64,
+            packing: Packing::Packed,
             dev_size: 256,
             vocab_size: 4000,
             tokenizer_pairs_per_lang: 3000,

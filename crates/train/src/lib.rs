@@ -4,11 +4,13 @@
 
 pub mod bleu;
 pub mod checkpoint;
+pub mod chrf;
 pub mod config;
 pub mod data;
 pub mod memory;
 pub mod metrics;
 pub mod optim;
 pub mod plots;
+pub mod scores;
 pub mod tokenizer;
 pub mod trainer;

@@ -35,7 +35,7 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use ir::{Builder, DType, Mesh, Program};
 use nn::moe::{Activation, SecondPolicy};
-use nn::transformer::{build, BatchShape, Layout, MoeConfig, TransformerConfig};
+use nn::transformer::{build, BatchShape, Layout, MoeConfig, Packing, TransformerConfig};
 use serde_json::json;
 use std::time::Instant;
 
@@ -340,6 +340,7 @@ pub fn transformer_step(layers: usize, experts: usize) -> Result<Program> {
         batch: experts * 16,
         src_len: 64,
         tgt_len: 64,
+        packing: Packing::Padded,
     };
     let built = build(&b, &cfg, &shape, &layout, true)?;
     b.output("loss", &built.loss);

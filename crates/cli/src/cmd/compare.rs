@@ -55,7 +55,7 @@ pub fn main(a: Args) -> Result<()> {
             ..RunOptions::new(a.out.join(&name))
         };
         let r = trainer::run(&cfg, &corpus, &opts, &mut |_| {})?;
-        let bleu = r.bleu.as_ref().map_or(f64::NAN, |b| b.score);
+        let bleu = r.scores.as_ref().map_or(f64::NAN, |s| s.bleu.score);
         eprintln!(
             "  dev loss {:.3}, BLEU {bleu:.2}, {:.0} tokens/s",
             r.dev_loss, r.tokens_per_s

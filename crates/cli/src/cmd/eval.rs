@@ -95,7 +95,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         run.cfg.eval.length_penalty,
     );
     let t0 = std::time::Instant::now();
-    let (loss, bleu, _) = trainer::evaluate_pairs(&run, &pairs, &opts)?;
+    let (loss, scores, _) = trainer::evaluate_pairs(&run, &pairs, &opts)?;
     let seconds = t0.elapsed().as_secs_f64();
     println!(
         "{} pairs ({} split, {} languages), step {}, evaluated in {seconds:.2} s ({:.1} sentences/s, loss and decoding)",
@@ -106,8 +106,8 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         pairs.len() as f64 / seconds.max(1e-9)
     );
     println!("loss {loss:.4}   perplexity {:.2}", loss.exp());
-    match bleu {
-        Some(b) => println!("{b}"),
+    match scores {
+        Some(s) => println!("{s}\n{}", s.bleu),
         None => println!("BLEU n/a"),
     }
     Ok(())

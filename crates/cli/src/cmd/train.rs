@@ -316,8 +316,11 @@ pub fn print_report(cfg: &TrainConfig, r: &trainer::Report, out: &Path) {
         r.dev_loss,
         r.dev_loss.exp()
     );
-    match &r.bleu {
-        Some(b) => println!("  dev BLEU {:.2}  ({b})", b.score),
+    match &r.scores {
+        Some(s) => {
+            println!("  dev {}", s.to_string().replace('\n', "\n  "));
+            println!("  ({})", s.bleu);
+        }
         None => println!("  dev BLEU: n/a"),
     }
     println!(

@@ -6,7 +6,7 @@ use super::{cleared, emit_as, to};
 use crate::ctx::Ctx;
 use crate::error::SpmdError;
 use crate::pv::PartitionedValue;
-use ir::{Op, Sharding, Type};
+use ir::{BinaryOp, Op, Sharding, Type};
 
 pub fn elementwise(
     ctx: &mut Ctx,
@@ -15,12 +15,35 @@ pub fn elementwise(
     ty: &Type,
     t: &Sharding,
 ) -> Result<PartitionedValue, SpmdError> {
+    if let Some(s) = linear_in_partial_sums(op, ops, t) {
+        let refs: Vec<&ir::Value> = ops.iter().map(|o| &o.local).collect();
+        return emit_as(ctx, op.clone(), &refs, ty, &s);
+    }
     let mut locals = Vec::new();
     for o in ops {
         locals.push(to(ctx, o, t)?);
     }
     let refs: Vec<&ir::Value> = locals.iter().collect();
     emit_as(ctx, op.clone(), &refs, ty, t)
+}
+
+/// The sharding of `a + b` or `a - b` left a pending partial sum: when every operand is a
+/// partial sum over the same axes with the target's dims, `sum_d a_d + sum_d b_d =
+/// sum_d (a_d + b_d)`, so the op runs on the local parts and one reduction serves the result
+/// (the tied embedding's three gradient contributions need one all-reduce, not three).
+pub(crate) fn linear_in_partial_sums(
+    op: &Op,
+    ops: &[&PartitionedValue],
+    t: &Sharding,
+) -> Option<Sharding> {
+    let linear = matches!(op, Op::Binary(BinaryOp::Add | BinaryOp::Sub));
+    let first = &ops.first()?.sharding;
+    let same = ops.iter().all(|o| {
+        o.sharding.dims == t.dims
+            && o.sharding.partial == first.partial
+            && o.local.ty() == ops[0].local.ty()
+    });
+    (linear && !first.partial.is_empty() && same).then(|| first.clone())
 }
 
 pub fn broadcast(

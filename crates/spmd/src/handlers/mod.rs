@@ -39,6 +39,17 @@ pub fn partition_instr(
             global_shape,
         } => source::rng(ctx, *dist, *stream, global_shape, &ops, &ins.ty, &t),
         Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert => {
+            let partial: Option<Vec<PartitionedValue>> = ins
+                .operands
+                .iter()
+                .map(|o| ctx.partial_sums.get(&o.index()).cloned())
+                .collect();
+            if let Some(ps) = partial {
+                let refs: Vec<&PartitionedValue> = ps.iter().collect();
+                if data::linear_in_partial_sums(&ins.op, &refs, &t).is_some() {
+                    return data::elementwise(ctx, &ins.op, &refs, &ins.ty, &t);
+                }
+            }
             data::elementwise(ctx, &ins.op, &ops, &ins.ty, &t)
         }
         // Identities after autodiff: the operand passes through; the driver's reshard to

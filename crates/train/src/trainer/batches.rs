@@ -248,18 +248,120 @@ pub fn batch_tensors(
     ])
 }
 
-/// The examples of step `step`: a pure function of `(seed, step)`.
+/// The training example of draw number `draw`: a language by the sampler, then a pair of
+/// it, both pure functions of `(seed, draw)`.
+fn draw<'a>(cfg: &TrainConfig, data: &'a Data, draw: u64) -> &'a Example {
+    let li = data.sampler.index_at(draw);
+    let ex = &data.train[li];
+    let k = splitmix(cfg.seed ^ splitmix(draw.wrapping_add(0x5EED))) as usize % ex.len();
+    &ex[k]
+}
+
+/// The examples of step `step`, one per row: a pure function of `(seed, step)`.
 pub fn batch_at<'a>(cfg: &TrainConfig, data: &'a Data, step: u64) -> Vec<Option<&'a Example>> {
     let b = cfg.data.batch_size as u64;
     (0..b)
-        .map(|r| {
-            let draw = step * b + r;
-            let li = data.sampler.index_at(draw);
-            let ex = &data.train[li];
-            let k = splitmix(cfg.seed ^ splitmix(draw.wrapping_add(0x5EED))) as usize % ex.len();
-            Some(&ex[k])
-        })
+        .map(|r| Some(draw(cfg, data, step * b + r)))
         .collect()
+}
+
+/// Draws a packed step may examine (a bound far above what filling its rows takes).
+const PACK_DRAWS: u64 = 1 << 20;
+/// A packed step stops drawing after this many draws in a row found no room.
+const PACK_MISSES: usize = 32;
+
+/// The examples of packed step `step`, several per row: draws, in order, go to the first row
+/// with room for both sides (first fit), until [`PACK_MISSES`] draws in a row find none.
+/// A pure function of `(seed, step)`.
+pub fn packed_batch_at<'a>(cfg: &TrainConfig, data: &'a Data, step: u64) -> Vec<Vec<&'a Example>> {
+    let (b, l) = (cfg.data.batch_size, cfg.data.max_len);
+    let mut rows: Vec<Vec<&Example>> = vec![Vec::new(); b];
+    let mut used = vec![(0usize, 0usize); b];
+    let mut misses = 0;
+    for i in 0..PACK_DRAWS {
+        let ex = draw(cfg, data, step * PACK_DRAWS + i);
+        let (s, t) = (ex.src.len().min(l), ex.tgt.len().min(l));
+        match used.iter().position(|&(us, ut)| us + s <= l && ut + t <= l) {
+            Some(r) => {
+                used[r] = (used[r].0 + s, used[r].1 + t);
+                rows[r].push(ex);
+                misses = 0;
+            }
+            None if misses + 1 == PACK_MISSES => break,
+            None => misses += 1,
+        }
+    }
+    rows
+}
+
+/// Host tensors of a packed batch: each row holds its examples one after the other, with
+/// segment ids (the example's number in the row from 1; 0 = padding) and in-sentence
+/// positions for both sides ([`nn::transformer::Packing::Packed`]).
+pub fn packed_tensors(
+    cfg: &TrainConfig,
+    tok: &Tokenizer,
+    rows: &[Vec<&Example>],
+) -> HashMap<String, HostTensor> {
+    let (b, l) = (cfg.data.batch_size, cfg.data.max_len);
+    let pad = tok.pad_id() as f64;
+    let mut src = vec![pad; b * l];
+    let mut tgt_in = vec![pad; b * l];
+    let mut tgt_out = vec![pad; b * l];
+    let mut w = vec![0.0; b * l];
+    let mut seg = [vec![0.0; b * l], vec![0.0; b * l]];
+    let mut pos = [vec![0.0; b * l], vec![0.0; b * l]];
+    for (r, row) in rows.iter().enumerate().take(b) {
+        let (mut so, mut to) = (r * l, r * l);
+        for (k, ex) in row.iter().enumerate() {
+            let id = (k + 1) as f64;
+            for (j, &tokid) in ex.src.iter().take(l).enumerate() {
+                src[so] = tokid as f64;
+                seg[0][so] = id;
+                pos[0][so] = j as f64;
+                so += 1;
+            }
+            let tgt = &ex.tgt[..ex.tgt.len().min(l)];
+            for (j, &tokid) in tgt.iter().enumerate() {
+                tgt_in[to] = if j == 0 {
+                    tok.bos_id() as f64
+                } else {
+                    tgt[j - 1] as f64
+                };
+                tgt_out[to] = tokid as f64;
+                w[to] = 1.0;
+                seg[1][to] = id;
+                pos[1][to] = j as f64;
+                to += 1;
+            }
+        }
+    }
+    let i32t = Type::new(DType::I32, vec![b, l]);
+    let f32t = Type::new(DType::F32, vec![b, l]);
+    let int = |v: &[f64]| HostTensor::from_f64_values(i32t.clone(), v);
+    HashMap::from([
+        ("src".to_string(), int(&src)),
+        ("src_seg".to_string(), int(&seg[0])),
+        ("src_pos".to_string(), int(&pos[0])),
+        ("tgt_in".to_string(), int(&tgt_in)),
+        ("tgt_out".to_string(), int(&tgt_out)),
+        ("tgt_seg".to_string(), int(&seg[1])),
+        ("tgt_pos".to_string(), int(&pos[1])),
+        (
+            "tgt_weight".to_string(),
+            HostTensor::from_f64_values(f32t, &w),
+        ),
+    ])
+}
+
+/// Real (not padding) tokens of a batch's two sides, padded or packed.
+pub fn real_tokens(batch: &HashMap<String, HostTensor>) -> f64 {
+    let tgt: f64 = batch["tgt_weight"].to_f64_vec().iter().sum();
+    let src = match (batch.get("src_pad"), batch.get("src_seg")) {
+        (Some(pad), _) => pad.to_f64_vec().iter().filter(|&&p| p == 0.0).count(),
+        (None, Some(seg)) => seg.to_f64_vec().iter().filter(|&&s| s != 0.0).count(),
+        (None, None) => 0,
+    };
+    tgt + src as f64
 }
 
 #[cfg(test)]
@@ -315,5 +417,102 @@ mod tests {
         // Past the distinct sentences, repeats fill the set.
         cfg.data.dev_size = 30;
         assert_eq!(dev_set(&cfg, &corpus, &langs, &|_| true).len(), 30);
+    }
+
+    /// Two languages of examples with 2..=11 source and 1..=10 target tokens.
+    fn toy_data(cfg: &TrainConfig) -> Data {
+        let mut x = 7u64;
+        let mut next = move |n: u64| {
+            x = splitmix(x);
+            (x % n) as usize
+        };
+        let langs = vec!["de".to_string(), "fr".to_string()];
+        let train: Vec<Vec<Example>> = langs
+            .iter()
+            .map(|l| {
+                (0..50)
+                    .map(|_| Example {
+                        lang: l.clone(),
+                        src: (0..2 + next(10)).map(|_| 10 + next(90) as u32).collect(),
+                        tgt: (0..1 + next(10)).map(|_| 10 + next(90) as u32).collect(),
+                        english: String::new(),
+                    })
+                    .collect()
+            })
+            .collect();
+        let sizes: Vec<(String, usize)> = langs.iter().map(|l| (l.clone(), 50)).collect();
+        let sampler = LangSampler::new(&sizes, cfg.data.temperature, cfg.seed as i32).unwrap();
+        Data {
+            langs,
+            train,
+            dev: Vec::new(),
+            sampler,
+        }
+    }
+
+    #[test]
+    fn packed_rows_hold_their_pairs_whole_with_segments_and_positions() {
+        let mut cfg = TrainConfig::default();
+        cfg.data.batch_size = 4;
+        cfg.data.max_len = 16;
+        let data = toy_data(&cfg);
+        let tok =
+            Tokenizer::train(["eins zwei drei", "un deux trois"], &["de", "fr"], 500).unwrap();
+        let rows = packed_batch_at(&cfg, &data, 3);
+        // A pure function of (seed, step); another step draws other pairs.
+        let again = packed_batch_at(&cfg, &data, 3);
+        let same = |a: &[Vec<&Example>], b: &[Vec<&Example>]| {
+            a.iter()
+                .flatten()
+                .zip(b.iter().flatten())
+                .all(|(x, y)| std::ptr::eq(*x, *y))
+        };
+        assert!(same(&rows, &again));
+        assert!(!same(&rows, &packed_batch_at(&cfg, &data, 4)));
+        let (b, l) = (4, 16);
+        let t = packed_tensors(&cfg, &tok, &rows);
+        let v = |n: &str| t[n].to_f64_vec();
+        let (src, src_seg, src_pos) = (v("src"), v("src_seg"), v("src_pos"));
+        let (tgt_in, tgt_out, tgt_seg, tgt_pos, w) = (
+            v("tgt_in"),
+            v("tgt_out"),
+            v("tgt_seg"),
+            v("tgt_pos"),
+            v("tgt_weight"),
+        );
+        let mut real = 0;
+        for (r, row) in rows.iter().enumerate() {
+            assert!(row.len() >= 2, "short pairs share a row");
+            for (k, ex) in row.iter().enumerate() {
+                let id = (k + 1) as f64;
+                let at: Vec<usize> = (r * l..(r + 1) * l).filter(|&i| src_seg[i] == id).collect();
+                let toks: Vec<u32> = at.iter().map(|&i| src[i] as u32).collect();
+                assert_eq!(toks, ex.src, "row {r} pair {k}");
+                let pos: Vec<f64> = at.iter().map(|&i| src_pos[i]).collect();
+                assert_eq!(pos, (0..ex.src.len()).map(|j| j as f64).collect::<Vec<_>>());
+                let at: Vec<usize> = (r * l..(r + 1) * l).filter(|&i| tgt_seg[i] == id).collect();
+                let out: Vec<u32> = at.iter().map(|&i| tgt_out[i] as u32).collect();
+                assert_eq!(out, ex.tgt);
+                let inp: Vec<u32> = at.iter().map(|&i| tgt_in[i] as u32).collect();
+                let mut shifted = vec![tok.bos_id()];
+                shifted.extend(&ex.tgt[..ex.tgt.len() - 1]);
+                assert_eq!(inp, shifted, "teacher forcing within the pair");
+                assert!(at
+                    .iter()
+                    .all(|&i| w[i] == 1.0 && tgt_pos[i] == (i - at[0]) as f64));
+                real += ex.src.len() + ex.tgt.len();
+            }
+        }
+        // Weights mark exactly the target tokens; the rows are mostly full.
+        assert_eq!(
+            w.iter().sum::<f64>() as usize,
+            tgt_seg.iter().filter(|&&s| s != 0.0).count()
+        );
+        assert_eq!(real_tokens(&t) as usize, real);
+        assert!(
+            real as f64 >= 0.8 * (2 * b * l) as f64,
+            "{real} of {} slots",
+            2 * b * l
+        );
     }
 }

@@ -24,7 +24,7 @@ use nn::incremental::{
     build_encoder, build_step, dropless, is_dropless, step_groups, Attn, CacheName, LOGITS, POS,
     SRC, SRC_PAD, TOKEN,
 };
-use nn::transformer::{BatchShape, TransformerConfig};
+use nn::transformer::{BatchShape, Packing, TransformerConfig};
 use runtime::HostTensor;
 use spmd::Partitioned;
 use std::collections::HashMap;
@@ -74,6 +74,7 @@ impl Decoder {
             batch: cfg.data.batch_size,
             src_len: cfg.data.max_len,
             tgt_len: cfg.data.max_len,
+            packing: Packing::Padded,
         };
         let b = Builder::with_mesh(mesh.clone());
         let groups = step_groups(&b, &layout);

@@ -33,12 +33,13 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, TrainError> {
     Ok(LoadedRun { cfg, tok, trainer })
 }
 
-/// Loss and BLEU of a loaded run on `pairs`, decoded with `opts`.
+/// Loss and scores (BLEU, chrF, by language) of a loaded run on `pairs`, decoded with
+/// `opts`; and the hypotheses.
 pub fn evaluate_pairs(
     run: &LoadedRun,
     pairs: &[&Pair],
     opts: &DecodeOptions,
-) -> Result<(f64, Option<crate::bleu::Bleu>, Vec<String>), TrainError> {
+) -> Result<(f64, Option<crate::scores::Scores>, Vec<String>), TrainError> {
     let ex: Vec<Example> = pairs
         .iter()
         .map(|p| encode(&run.tok, p, run.cfg.data.max_len))
@@ -51,5 +52,7 @@ pub fn evaluate_pairs(
         .collect();
     let refs: Vec<&str> = ex.iter().map(|e| e.english.as_str()).collect();
     let hr: Vec<&str> = hyps.iter().map(String::as_str).collect();
-    Ok((loss, crate::bleu::corpus_bleu(&hr, &refs).ok(), hyps))
+    let langs: Vec<&str> = ex.iter().map(|e| e.lang.as_str()).collect();
+    let scores = crate::scores::score(&langs, &hr, &refs).ok();
+    Ok((loss, scores, hyps))
 }

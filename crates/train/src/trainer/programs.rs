@@ -6,7 +6,7 @@ use super::TrainError;
 use crate::config::TrainConfig;
 use ir::{Builder, DType, RngDist};
 use nn::params::{Init, ParamSpec};
-use nn::transformer::{build, BatchShape, TransformerConfig};
+use nn::transformer::{build, BatchShape, Packing, TransformerConfig};
 use runtime::HostTensor;
 use spmd::Partitioned;
 use std::time::Instant;
@@ -29,6 +29,7 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
         batch: cfg.data.batch_size,
         src_len: cfg.data.max_len,
         tgt_len: cfg.data.max_len,
+        packing: cfg.data.packing.into(),
     };
     let t0 = Instant::now();
 
@@ -94,6 +95,7 @@ pub(super) fn eval_program(
         batch: cfg.data.batch_size,
         src_len: cfg.data.max_len,
         tgt_len: cfg.data.max_len,
+        packing: Packing::Padded,
     };
     let eb = Builder::with_mesh(cfg.mesh()?);
     let ebuilt = build(&eb, model, &shape, &cfg.layout(), false)?;

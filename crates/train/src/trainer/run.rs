@@ -1,7 +1,10 @@
 //! The run loop: train (or resume) a run in its directory, with metrics, checkpoints,
 //! evaluation, decoding and BLEU, and the [`Report`] it ends with.
 
-use super::batches::{batch_at, batch_tensors, prepare_data, select_langs, tokenizer_for};
+use super::batches::{
+    batch_at, batch_tensors, packed_batch_at, packed_tensors, prepare_data, real_tokens,
+    select_langs, tokenizer_for,
+};
 use super::decode::{translate, DecodeOptions};
 use super::programs::build_programs;
 use super::programs::Programs;
@@ -9,7 +12,7 @@ use super::rundir::{RunDir, RunLock};
 use super::step::{dev_loss, Trainer};
 use super::{io, Event, StopRequest, TrainError};
 use crate::checkpoint::{self, Checkpoint};
-use crate::config::TrainConfig;
+use crate::config::{Packing, TrainConfig};
 use crate::data::Corpus;
 use crate::metrics::MetricsLog;
 use crate::tokenizer::Tokenizer;
@@ -122,7 +125,8 @@ pub struct Report {
     pub steps: u64,
     pub final_loss: f64,
     pub dev_loss: f64,
-    pub bleu: Option<crate::bleu::Bleu>,
+    /// BLEU, chrF and their split by language of the dev set's greedy (or beam) decoding.
+    pub scores: Option<crate::scores::Scores>,
     pub tokens_per_s: f64,
     pub partition_seconds: f64,
     pub peak_bytes_per_device: usize,
@@ -471,14 +475,11 @@ pub fn run(
     };
     while tr.step < cfg.steps {
         let step = tr.step;
-        let rows = batch_at(cfg, &data, step);
-        let batch = batch_tensors(cfg, &tok, &rows);
-        let tokens: f64 = batch["tgt_weight"].to_f64_vec().iter().sum::<f64>()
-            + batch["src_pad"]
-                .to_f64_vec()
-                .iter()
-                .filter(|&&p| p == 0.0)
-                .count() as f64;
+        let batch = match cfg.data.packing {
+            Packing::Packed => packed_tensors(cfg, &tok, &packed_batch_at(cfg, &data, step)),
+            Packing::Padded => batch_tensors(cfg, &tok, &batch_at(cfg, &data, step)),
+        };
+        let tokens = real_tokens(&batch);
         // Step `first + 1` warms the caches and pools; the next `count` are traced.
         let profiling = opts
             .profile
@@ -614,7 +615,14 @@ pub fn run(
     let hyps: Vec<String> = hyps_ids.iter().map(|h| tok.decode(h)).collect();
     let refs: Vec<&str> = data.dev.iter().map(|e| e.english.as_str()).collect();
     let hyp_refs: Vec<&str> = hyps.iter().map(String::as_str).collect();
-    let bleu = crate::bleu::corpus_bleu(&hyp_refs, &refs).ok();
+    let langs: Vec<&str> = data.dev.iter().map(|e| e.lang.as_str()).collect();
+    let scores = crate::scores::score(&langs, &hyp_refs, &refs).ok();
+    if let (Some(log), Some(s)) = (&mut log, &scores) {
+        log.write(
+            &json!({"step": tr.step, "bleu": s.bleu.score, "chrf": s.chrf, "distinct": s.distinct}),
+        )
+        .map_err(io(log.path()))?;
+    }
     if root {
         std::fs::write(rd.dir.join("dev.hyp"), hyps.join("\n") + "\n").map_err(io(&rd.dir))?;
         std::fs::write(rd.dir.join("dev.ref"), refs.join("\n") + "\n").map_err(io(&rd.dir))?;
@@ -652,7 +660,7 @@ pub fn run(
         steps: tr.step,
         final_loss: last_loss,
         dev_loss: dl,
-        bleu,
+        scores,
         tokens_per_s: tok_rate,
         partition_seconds,
         peak_bytes_per_device: tr.peak_bytes_per_device,
