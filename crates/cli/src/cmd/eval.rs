@@ -79,7 +79,8 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     } else {
         Split::Test
     };
-    // The trainer's rule for held-out pairs (its dev set's, over the tokenizer's language order).
+    // The trainer's dev set: its rule for held-out pairs over its language order.
+    let langs = trainer::select_langs(&run.cfg, &corpus)?;
     let min_words = run.cfg.data.min_english_words;
     let keep = |p: &&train::data::Pair| p.english.split_whitespace().count() >= min_words;
     let pairs = trainer::held_out(&corpus, &langs, split, a.limit, &keep);

@@ -58,7 +58,9 @@ pub fn tokenizer_for(
     Ok((langs, tok))
 }
 
-pub(super) fn select_langs(cfg: &TrainConfig, corpus: &Corpus) -> Result<Vec<String>, TrainError> {
+/// The run's source languages, in the trainer's order: `data.langs` when given, else the
+/// `max_langs` largest by training pairs.
+pub fn select_langs(cfg: &TrainConfig, corpus: &Corpus) -> Result<Vec<String>, TrainError> {
     if !cfg.data.langs.is_empty() {
         for l in &cfg.data.langs {
             if corpus.get(l).is_none_or(|d| d.train.is_empty()) {

@@ -34,7 +34,10 @@ mod run;
 mod rundir;
 mod step;
 
-pub use batches::{batch_at, batch_tensors, held_out, prepare_data, tokenizer_for, Data, Example};
+pub use batches::{
+    batch_at, batch_tensors, held_out, packed_batch_at, packed_tensors, prepare_data, select_langs,
+    tokenizer_for, Data, Example,
+};
 pub use decode::{translate, DecodeMode, DecodeOptions};
 pub use load::{evaluate_pairs, load_run, LoadedRun};
 pub use programs::{build_programs, init_tensor, Programs};
