@@ -261,7 +261,7 @@ fn check_memory(
     local_devices: usize,
     max: Option<u64>,
 ) -> Result<(), TrainError> {
-    let specs = || programs.params.iter().chain(programs.state.iter());
+    let specs = || programs.all_state();
     let state: u64 = specs().map(|s| s.ty.size_bytes() as u64).sum();
     // The largest tensor is first made in f64 (`init_tensor`), twice its f32 size.
     let init_temp: u64 = specs()
