@@ -22,7 +22,9 @@ use crate::gating::{
     switch_router_logits, ExpertChoice, ExpertChoiceGating, NoisyTopK, NoisyTopKGating, Switch,
     SwitchGating,
 };
-use crate::hierarchical::{hierarchical_gating, Hierarchical, HierarchicalGating, HierarchicalNoise};
+use crate::hierarchical::{
+    hierarchical_gating, Hierarchical, HierarchicalGating, HierarchicalNoise,
+};
 use ir::{DType, Value};
 use sharding::{mesh_split, replicate, ShardingError};
 

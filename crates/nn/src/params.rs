@@ -88,7 +88,12 @@ impl Params {
     /// A new buffer: non-trainable state, replicated when the builder has a mesh. The
     /// training loop keeps it between steps like a parameter (and in checkpoints) but never
     /// differentiates it; [`Params::update`] gives its next value.
-    pub fn buffer(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Value, ShardingError> {
+    pub fn buffer(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        init: Init,
+    ) -> Result<Value, ShardingError> {
         let full = self.full_name(name);
         let ty = Type::new(self.dtype, shape.to_vec());
         let v = self.b.param(&full, ty.clone());

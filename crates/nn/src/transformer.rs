@@ -292,8 +292,7 @@ pub fn build(
     let (bsz, s, t, m) = (shape.batch, shape.src_len, shape.tgt_len, cfg.model_dim);
     let i32t = |shape: &[usize]| Type::new(DType::I32, shape.to_vec());
     let seed = (train
-        && (cfg.dropout > 0.0
-            || cfg.moe.as_ref().is_some_and(MoeConfig::needs_seed)))
+        && (cfg.dropout > 0.0 || cfg.moe.as_ref().is_some_and(MoeConfig::needs_seed)))
     .then(|| b.param("seed", Type::scalar(DType::I32)));
     let mut cx = Ctx {
         cfg,

@@ -57,8 +57,16 @@ fn the_choice_bias_moves_the_choice_but_not_the_gates() {
             let scored: Vec<f64> = p.iter().zip(&bias).map(|(a, b)| a + b).collect();
             let ord = order_desc(&scored);
             let (i1, i2) = (ord[0], ord[1]);
-            assert_eq!(vals(&out, "index_1")[t], i1 as f64, "token {t}, bias {bias:?}");
-            assert_eq!(vals(&out, "index_2")[t], i2 as f64, "token {t}, bias {bias:?}");
+            assert_eq!(
+                vals(&out, "index_1")[t],
+                i1 as f64,
+                "token {t}, bias {bias:?}"
+            );
+            assert_eq!(
+                vals(&out, "index_2")[t],
+                i2 as f64,
+                "token {t}, bias {bias:?}"
+            );
             // The gates are the unbiased probabilities (normalised over the two, legacy).
             let d = p[i1] + p[i2] + 1e-9;
             close(
@@ -141,4 +149,3 @@ fn the_bias_update_evens_out_a_skewed_router() {
     // Without updates nothing changes.
     assert!(without.iter().all(|&c| c == without[0]));
 }
-

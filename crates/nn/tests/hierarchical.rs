@@ -300,8 +300,7 @@ fn check_against_naive(cs: &Case, seed: u64) -> NaiveHier {
         ],
         1e-12,
     );
-    let assignments = want.top_index.len() as f64
-        - inp.pads.iter().sum::<f64>() * k as f64;
+    let assignments = want.top_index.len() as f64 - inp.pads.iter().sum::<f64>() * k as f64;
     let dropped = assignments - want.kept.iter().sum::<f64>();
     close(
         &format!("over ({what})"),
@@ -327,7 +326,11 @@ fn hierarchical_gating_matches_the_naive_appendix_b_loops() {
     };
     for (i, cs) in [
         base,
-        Case { kp: 2, ks: 2, ..base },
+        Case {
+            kp: 2,
+            ks: 2,
+            ..base
+        },
         Case {
             a: 3,
             b: 2,
@@ -402,7 +405,12 @@ fn hierarchical_hand_case_two_groups_one_expert_each() {
     );
     let w = 1.0 / (1.0 + (-1f64).exp());
     assert_eq!(vals(&out, "top_index"), [0.0, 3.0]);
-    close("gates", &vals(&out, "gates"), &[w, 0.0, 0.0, 1.0 - w], 1e-15);
+    close(
+        "gates",
+        &vals(&out, "gates"),
+        &[w, 0.0, 0.0, 1.0 - w],
+        1e-15,
+    );
     close(
         "combine",
         &vals(&out, "combine"),

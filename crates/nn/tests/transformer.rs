@@ -5,7 +5,9 @@
 use ir::{Builder, DType, Mesh, Type};
 use nn::moe::{Activation, SecondPolicy};
 use nn::params::Init;
-use nn::transformer::{build, Balance, BatchShape, Layout, MoeConfig, MoeGating, TransformerConfig};
+use nn::transformer::{
+    build, Balance, BatchShape, Layout, MoeConfig, MoeGating, TransformerConfig,
+};
 use runtime::HostTensor;
 use std::collections::HashMap;
 use testkit::spmd::assert_spmd_matches;

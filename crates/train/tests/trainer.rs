@@ -407,7 +407,12 @@ fn bias_balancing_trains_without_the_aux_loss_and_keeps_its_biases() {
         .keys()
         .filter(|k| k.ends_with("/moe/choice_bias"))
         .collect();
-    assert_eq!(biases.len(), 2, "{:?}", ck.tensors.keys().collect::<Vec<_>>());
+    assert_eq!(
+        biases.len(),
+        2,
+        "{:?}",
+        ck.tensors.keys().collect::<Vec<_>>()
+    );
     for name in biases {
         let b = ck.tensors[name].to_f64_vec();
         assert_eq!(b.len(), 4);
@@ -415,13 +420,25 @@ fn bias_balancing_trains_without_the_aux_loss_and_keeps_its_biases() {
         // the rate, at most six of them, and not all zero.
         for v in &b {
             let k = v / 0.05;
-            assert!((k - k.round()).abs() < 1e-4 && k.abs() <= 6.0 + 1e-4, "{name}: {b:?}");
+            assert!(
+                (k - k.round()).abs() < 1e-4 && k.abs() <= 6.0 + 1e-4,
+                "{name}: {b:?}"
+            );
         }
-        assert!(b.iter().any(|v| v.abs() > 0.01), "{name} never moved: {b:?}");
+        assert!(
+            b.iter().any(|v| v.abs() > 0.01),
+            "{name} never moved: {b:?}"
+        );
     }
     // With the aux loss (the default) the loss is the cross-entropy plus the weighted aux.
     let plain = tmp("bias-off");
-    run(&tiny(), &corpus(), &RunOptions::new(plain.clone()), &mut |_| {}).unwrap();
+    run(
+        &tiny(),
+        &corpus(),
+        &RunOptions::new(plain.clone()),
+        &mut |_| {},
+    )
+    .unwrap();
     let recs = train::metrics::read(&plain.join("metrics.jsonl")).unwrap();
     let r = recs.iter().find(|r| r.get("lr").is_some()).unwrap();
     assert!(r["loss"].as_f64().unwrap() > r["ce"].as_f64().unwrap());

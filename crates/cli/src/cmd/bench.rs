@@ -35,7 +35,9 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use ir::{Builder, DType, Mesh, Program};
 use nn::moe::{Activation, SecondPolicy};
-use nn::transformer::{build, Balance, BatchShape, Layout, MoeConfig, MoeGating, TransformerConfig};
+use nn::transformer::{
+    build, Balance, BatchShape, Layout, MoeConfig, MoeGating, TransformerConfig,
+};
 use serde_json::json;
 use std::time::Instant;
 
