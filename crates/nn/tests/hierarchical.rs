@@ -3,6 +3,8 @@
 //! the IR code) and a hand case; gradients (through both gates, both noise projections and
 //! all four balancing losses) against finite differences. Its partitioned run inside
 //! `moe_layer` is checked with the other gates in `gating.rs`.
+// The naive oracle indexes like the paper's formulas (token t, group i, expert j, rank r).
+#![allow(clippy::needless_range_loop)]
 
 use ir::{Builder, DType, Program, Type, Value};
 use nn::hierarchical::{hierarchical_gating, Hierarchical, HierarchicalNoise};
