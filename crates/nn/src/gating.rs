@@ -371,9 +371,63 @@ pub fn noisy_top_k_gating(
     let dt = clean.dtype();
     let np = not_pad(paddings);
     let np3 = np.as_ref().map(|np| np.reshape(&[g, s, 1]));
+    let tk = top_k_gates(clean, noise, k, cfg.noise_epsilon, np3.as_ref());
+    let importance = tk.gates.sum(&[0, 1]);
+    let load = tk.load.sum(&[0, 1]);
+    let importance_loss = cv_squared(&importance);
+    let load_loss = cv_squared(&load);
+    let rs = fill_ranked(&tk.top_index, &tk.weights, np.as_ref(), e, c, dt);
+    NoisyTopKGating {
+        noisy_logits: tk.noisy,
+        gates: tk.gates,
+        combine: rs.combine,
+        dispatch: rs.dispatch,
+        importance,
+        load,
+        importance_loss,
+        load_loss,
+        top_index: tk.top_index,
+        top_gates: tk.weights,
+        pos: rs.pos,
+        kept: rs.kept,
+        over_capacity: rs.over_capacity,
+    }
+}
+
+/// What [`top_k_gates`] computes on logits `[A,B,E]` (experts last).
+#[derive(Clone, Debug)]
+pub(crate) struct TopKGates {
+    /// `[A,B,E]` the noisy logits `H` (the clean logits without noise).
+    pub noisy: Value,
+    /// `[A,B,E]` dense gates: softmax over the k kept logits, 0 elsewhere and on pads.
+    pub gates: Value,
+    /// i32 `[A,B,k]`: the kept experts by rank (ties to the lowest index).
+    pub top_index: Value,
+    /// `[A,B,k]`: their softmax weights (0 on pads).
+    pub weights: Value,
+    /// `[A,B,E]`: per token, the smooth load estimator's probability that the expert is in
+    /// its top k (with noise and `k < E`), else whether its gate is non-zero; 0 on pads.
+    /// Summed over tokens it is T2T's `load`.
+    pub load: Value,
+}
+
+/// Noisy top-k gates (T2T `noisy_top_k_gating` without capacity) over the last axis of
+/// `clean [A,B,E]`; `noise = (x . W_noise, standard normal)`, `np3 [A,B,1]` the real-token
+/// mask. The shared core of [`noisy_top_k_gating`] and both levels of
+/// [`crate::hierarchical::hierarchical_gating`].
+pub(crate) fn top_k_gates(
+    clean: &Value,
+    noise: Option<(&Value, &Value)>,
+    k: usize,
+    noise_epsilon: f64,
+    np3: Option<&Value>,
+) -> TopKGates {
+    let sh = clean.shape();
+    let (g, s, e) = (sh[0], sh[1], sh[2]);
+    let dt = clean.dtype();
     let (noisy, std) = match noise {
         Some((raw_noise, n)) => {
-            let std = softplus(raw_noise).add(cfg.noise_epsilon);
+            let std = softplus(raw_noise).add(noise_epsilon);
             (clean.add(&n.mul(&std)), Some(std))
         }
         None => (clean.clone(), None),
@@ -386,14 +440,13 @@ pub fn noisy_top_k_gating(
         (top_vals.slice_dim(2, 0, k), top_idx.slice_dim(2, 0, k))
     };
     let mut weights = top_logits.softmax(2);
-    if let Some(np3) = &np3 {
+    if let Some(np3) = np3 {
         weights = weights.mul(np3);
     }
     let gates = top_index
         .one_hot(e, dt)
         .mul(&weights.reshape(&[g, s, k, 1]))
         .sum(&[2]);
-    let importance = gates.sum(&[0, 1]);
     let load = match &std {
         Some(std) if k < e => {
             let thr_in = top_vals.slice_dim(2, k, k + 1);
@@ -402,50 +455,80 @@ pub fn noisy_top_k_gating(
             let p_in = normal_cdf(&clean.sub(&thr_in), std);
             let p_out = normal_cdf(&clean.sub(&thr_out), std);
             let mut prob = is_in.select(&p_in, &p_out);
-            if let Some(np3) = &np3 {
+            if let Some(np3) = np3 {
                 prob = prob.mul(np3);
             }
-            prob.sum(&[0, 1])
+            prob
         }
-        _ => gates.gt(0.0).convert(dt).sum(&[0, 1]),
+        _ => gates.gt(0.0).convert(dt),
     };
-    let importance_loss = cv_squared(&importance);
-    let load_loss = cv_squared(&load);
+    TopKGates {
+        noisy,
+        gates,
+        top_index,
+        weights,
+        load,
+    }
+}
 
+/// What [`fill_ranked`] assigns.
+#[derive(Clone, Debug)]
+pub(crate) struct RankedSlots {
+    /// `[G,S,E,C]` float.
+    pub combine: Value,
+    /// `[G,S,E,C]` float 0/1 (from the masks).
+    pub dispatch: Value,
+    /// i32 `[G,S,K]`: each rank's slot (0 where dropped) and whether it was kept.
+    pub pos: Value,
+    pub kept: Value,
+    /// Per rank, the fraction of its assignments dropped for capacity.
+    pub over_by_rank: Vec<Value>,
+    /// Fraction of all (token, rank) assignments dropped for capacity.
+    pub over_capacity: Value,
+}
+
+/// Slots for `K` ranked assignments per token (`top_index` i32 `[G,S,K]` into `e` experts,
+/// distinct per token; combine weights `[G,S,K]`): capacity `c` per expert and group shared
+/// by all ranks, filled rank by rank (all rank-1 picks in token order, then rank-2 after the
+/// kept rank-1 counts, ...). Pads (`np`, 1 = real) take no slot.
+pub(crate) fn fill_ranked(
+    top_index: &Value,
+    weights: &Value,
+    np: Option<&Value>,
+    e: usize,
+    c: usize,
+    dt: DType,
+) -> RankedSlots {
+    let sh = top_index.shape();
+    let (g, s, k) = (sh[0], sh[1], sh[2]);
     let mut count: Option<Value> = None;
     let (mut combine, mut dispatch): (Option<Value>, Option<Value>) = (None, None);
     let (mut over, mut assigned): (Option<Value>, Option<Value>) = (None, None);
-    let (mut pos, mut kept) = (Vec::new(), Vec::new());
+    let (mut pos, mut kept, mut over_by_rank) = (Vec::new(), Vec::new(), Vec::new());
     let acc = |a: Option<Value>, v: &Value| Some(a.map_or_else(|| v.clone(), |a| a.add(v)));
     for r in 0..k {
         let idx_r = top_index.slice_dim(2, r, r + 1).reshape(&[g, s]);
-        let mask = zero_pads_i32(&idx_r.one_hot(e, DType::I32), np.as_ref());
+        let mask = zero_pads_i32(&idx_r.one_hot(e, DType::I32), np);
         let sl = fill_slots(&mask, count.as_ref(), c, dt);
         let w_r = weights.slice_dim(2, r, r + 1).reshape(&[g, s]);
         let d = slots(&sl.mask, &sl.pos, c, dt);
         combine = acc(combine, &d.mul(&w_r.reshape(&[g, s, 1, 1])));
         dispatch = acc(dispatch, &d);
+        over_by_rank.push(sl.over.div(&sl.assigned.max(1.0)));
         over = acc(over, &sl.over);
         assigned = acc(assigned, &sl.assigned);
         pos.push(sl.pos.reshape(&[g, s, 1]));
         kept.push(sl.kept.reshape(&[g, s, 1]));
         count = Some(sl.count);
     }
-    let b = clean.builder();
+    let b = top_index.builder();
     let cat = |v: &[Value]| b.concat(&v.iter().collect::<Vec<_>>(), 2);
-    NoisyTopKGating {
-        noisy_logits: noisy,
-        gates,
+    RankedSlots {
         combine: combine.unwrap(),
         dispatch: dispatch.unwrap(),
-        importance,
-        load,
-        importance_loss,
-        load_loss,
-        top_index,
-        top_gates: weights,
         pos: cat(&pos),
         kept: cat(&kept),
+        over_by_rank,
         over_capacity: over.unwrap().div(&assigned.unwrap().max(1.0)),
     }
 }

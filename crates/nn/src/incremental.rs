@@ -335,7 +335,7 @@ fn write_at(cache: &Value, x: &Value, pos: &Value) -> Value {
 mod tests {
     use super::*;
     use crate::moe::{Activation, SecondPolicy};
-    use crate::transformer::Packing;
+    use crate::transformer::{Balance, MoeGating, Packing};
 
     fn model(group_size: usize, capacity: usize) -> TransformerConfig {
         TransformerConfig {
@@ -355,6 +355,8 @@ mod tests {
                 capacity,
                 policy: SecondPolicy::All,
                 aux_loss_coef: 0.01,
+                gating: MoeGating::Top2,
+                balance: Balance::AuxLoss,
             }),
             activation: Activation::Relu,
             dropout: 0.0,

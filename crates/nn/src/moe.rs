@@ -22,6 +22,9 @@ use crate::gating::{
     switch_router_logits, ExpertChoice, ExpertChoiceGating, NoisyTopK, NoisyTopKGating, Switch,
     SwitchGating,
 };
+use crate::hierarchical::{
+    hierarchical_gating, Hierarchical, HierarchicalGating, HierarchicalNoise,
+};
 use ir::{DType, Value};
 use sharding::{mesh_split, replicate, ShardingError};
 
@@ -100,6 +103,21 @@ pub fn top2_gating(
     noise: Option<&Value>,
     paddings: Option<&Value>,
 ) -> Gating {
+    top2_gating_biased(logits, cfg, noise, paddings, None)
+}
+
+/// [`top2_gating`] with DeepSeek-V3's auxiliary-loss-free balancing (arXiv 2412.19437
+/// section 2.1.2): `bias [E]` is added to the router probabilities for the choice of the two
+/// experts only; the gates (combine weights) and the aux loss's probabilities stay the
+/// unbiased ones, and no gradient reaches the bias. With the sampling policy the bias is
+/// added to the masked logits before the Gumbel-max. `None` is exactly [`top2_gating`].
+pub fn top2_gating_biased(
+    logits: &Value,
+    cfg: &Top2,
+    noise: Option<&Value>,
+    paddings: Option<&Value>,
+    bias: Option<&Value>,
+) -> Gating {
     let sh = logits.shape();
     assert_eq!(
         sh.len(),
@@ -113,7 +131,8 @@ pub fn top2_gating(
     let dt = logits.dtype();
     let raw = logits.softmax(2);
     let not_pad: Option<Value> = paddings.map(|p| p.mul(-1.0).add(1.0));
-    let index_1 = raw.argmax(2);
+    let scores = bias.map(|bv| raw.add(&bv.reshape(&[1, 1, sh[2]])));
+    let index_1 = scores.as_ref().unwrap_or(&raw).argmax(2);
     let mut mask_1 = index_1.one_hot(e, DType::I32);
     if let Some(np) = &not_pad {
         let np = np.convert(DType::I32).reshape(&[sh[0], sh[1], 1]);
@@ -123,13 +142,19 @@ pub fn top2_gating(
     let gate_1 = raw.mul(&mask_1f).sum(&[2]);
     let raw_wo1 = raw.mul(&mask_1f.mul(-1.0).add(1.0));
     let index_2 = match cfg.policy {
-        SecondPolicy::All | SecondPolicy::Random { .. } => raw_wo1.argmax(2),
+        SecondPolicy::All | SecondPolicy::Random { .. } => match &scores {
+            Some(sc) => mask_1.gt(0.0).select(f64::NEG_INFINITY, sc).argmax(2),
+            None => raw_wo1.argmax(2),
+        },
         SecondPolicy::Sampling => {
             let u = noise.expect("top2_gating: the sampling policy needs uniform noise [G,S,E]");
             // Gumbel-max over the logits with the first choice masked out.
             let gumbel = u.log().neg().log().neg();
             let masked = mask_1.gt(0.0).select(-0.7 * f64::from(f32::MAX), logits);
-            masked.add(&gumbel).argmax(2)
+            match bias {
+                Some(bv) => masked.add(&bv.reshape(&[1, 1, e])).add(&gumbel).argmax(2),
+                None => masked.add(&gumbel).argmax(2),
+            }
         }
     };
     let mut mask_2 = index_2.one_hot(e, DType::I32);
@@ -231,7 +256,8 @@ impl Activation {
 ///
 /// The layer's `noise` argument means, per router: `Top2`: uniform `[G,S]` (random policy)
 /// or `[G,S,E]` (sampling); `Switch`: uniform `[G,S,M]` on `[0,1)` for the input jitter;
-/// `NoisyTopK`: standard normal `[G,S,E]`; `ExpertChoice`: none. `None` means evaluation
+/// `NoisyTopK`: standard normal `[G,S,E]`; `ExpertChoice`: none; `Hierarchical`: standard
+/// normal `[G,S,A+E]` (the primary gate's `A` values, then the secondary gates' `E`). `None` means evaluation
 /// (no jitter, no gating noise; top-2 random routing then needs `SecondPolicy::All`).
 #[derive(Clone, Debug)]
 pub enum Gate {
@@ -247,6 +273,21 @@ pub enum Gate {
     },
     /// Expert choice ([`crate::gating::expert_choice_gating`]).
     ExpertChoice(ExpertChoice),
+    /// Shazeer's hierarchical MoE ([`crate::hierarchical::hierarchical_gating`]): the layer's
+    /// `wg [M,E]` holds the secondary gates of all groups, `w_primary [M,A]` the primary
+    /// gate; `w_noise` the noise-scale projections, needed only when the layer gets noise.
+    Hierarchical {
+        cfg: Hierarchical,
+        w_primary: Value,
+        w_noise: Option<HierarchicalNoiseWeights>,
+    },
+}
+
+/// The noise-scale projections of a hierarchical gate: `primary [M,A]`, `secondary [M,E]`.
+#[derive(Clone, Debug)]
+pub struct HierarchicalNoiseWeights {
+    pub primary: Value,
+    pub secondary: Value,
 }
 
 impl From<Top2> for Gate {
@@ -262,6 +303,7 @@ pub enum Routing {
     Switch(SwitchGating),
     NoisyTopK(NoisyTopKGating),
     ExpertChoice(ExpertChoiceGating),
+    Hierarchical(HierarchicalGating),
 }
 
 impl Routing {
@@ -272,6 +314,7 @@ impl Routing {
             Routing::Switch(r) => &r.combine,
             Routing::NoisyTopK(r) => &r.combine,
             Routing::ExpertChoice(r) => &r.combine,
+            Routing::Hierarchical(r) => &r.combine,
         }
     }
 
@@ -282,11 +325,14 @@ impl Routing {
             Routing::Switch(r) => &r.dispatch,
             Routing::NoisyTopK(r) => &r.dispatch,
             Routing::ExpertChoice(r) => &r.dispatch,
+            Routing::Hierarchical(r) => &r.dispatch,
         }
     }
 
     /// The router's auxiliary losses, unweighted, by name: top-2 `aux`; Switch `aux` and
-    /// `z`; noisy top-k `importance` and `load` (CV^2 each); expert choice none.
+    /// `z`; noisy top-k `importance` and `load` (CV^2 each); expert choice none;
+    /// hierarchical `importance` and `load` (over all experts) and `primary_importance` and
+    /// `primary_load` (over the groups).
     pub fn losses(&self) -> Vec<(&'static str, &Value)> {
         match self {
             Routing::Top2(r) => vec![("aux", &r.aux_loss)],
@@ -295,6 +341,12 @@ impl Routing {
                 vec![("importance", &r.importance_loss), ("load", &r.load_loss)]
             }
             Routing::ExpertChoice(_) => vec![],
+            Routing::Hierarchical(r) => vec![
+                ("importance", &r.importance_loss),
+                ("load", &r.load_loss),
+                ("primary_importance", &r.primary_importance_loss),
+                ("primary_load", &r.primary_load_loss),
+            ],
         }
     }
 
@@ -302,7 +354,10 @@ impl Routing {
     pub fn as_top2(&self) -> Option<&Gating> {
         match self {
             Routing::Top2(r) => Some(r),
-            Routing::Switch(_) | Routing::NoisyTopK(_) | Routing::ExpertChoice(_) => None,
+            Routing::Switch(_)
+            | Routing::NoisyTopK(_)
+            | Routing::ExpertChoice(_)
+            | Routing::Hierarchical(_) => None,
         }
     }
 }
@@ -353,14 +408,16 @@ pub struct MoeWeights<'a> {
     pub wo: &'a Value,
 }
 
-/// How an MoE layer routes: the gate, its noise (see [`Gate`]) and the padding mask
+/// How an MoE layer routes: the gate, its noise (see [`Gate`]), the padding mask
 /// `paddings [G,S]` (float, 1 = padding token: pads route nowhere, consume no capacity and
-/// are left out of the routers' loss numerators).
+/// are left out of the routers' loss numerators) and the choice bias `bias [E]` of
+/// auxiliary-loss-free balancing ([`top2_gating_biased`]; top-2 only).
 #[derive(Clone, Copy)]
 pub struct Route<'a> {
     pub gate: &'a Gate,
     pub noise: Option<&'a Value>,
     pub paddings: Option<&'a Value>,
+    pub bias: Option<&'a Value>,
 }
 
 impl<'a> Route<'a> {
@@ -370,6 +427,7 @@ impl<'a> Route<'a> {
             gate,
             noise: None,
             paddings: None,
+            bias: None,
         }
     }
 
@@ -381,6 +439,11 @@ impl<'a> Route<'a> {
     /// With a padding mask.
     pub fn paddings(self, paddings: Option<&'a Value>) -> Route<'a> {
         Route { paddings, ..self }
+    }
+
+    /// With a choice bias `[E]` (top-2 only).
+    pub fn bias(self, bias: Option<&'a Value>) -> Route<'a> {
+        Route { bias, ..self }
     }
 }
 
@@ -400,13 +463,29 @@ pub fn moe_layer(
         gate,
         noise,
         paddings,
+        bias,
     } = route;
     let b = x.builder();
-    let w_noise = match gate {
-        Gate::NoisyTopK { w_noise, .. } => w_noise.clone(),
-        Gate::Top2(_) | Gate::Switch(_) | Gate::ExpertChoice(_) => None,
+    // The gate's own weights beyond `wg`: a noisy gate's noise projection, a hierarchical
+    // gate's primary gate and noise projections; all replicated like `wg`.
+    let extra: Vec<Value> = match gate {
+        Gate::NoisyTopK { w_noise, .. } => w_noise.iter().cloned().collect(),
+        Gate::Hierarchical {
+            w_primary, w_noise, ..
+        } => std::iter::once(w_primary.clone())
+            .chain(
+                w_noise
+                    .iter()
+                    .flat_map(|w| [w.primary.clone(), w.secondary.clone()]),
+            )
+            .collect(),
+        Gate::Top2(_) | Gate::Switch(_) | Gate::ExpertChoice(_) => Vec::new(),
     };
-    let (x, wg, wi, wo, w_noise) = match sharding {
+    assert!(
+        bias.is_none() || matches!(gate, Gate::Top2(_)),
+        "moe_layer: a choice bias is implemented for top-2 gating only"
+    );
+    let (x, wg, wi, wo, extra) = match sharding {
         Some(s) => {
             let g = MoeSharding::strs(&s.group_axes);
             let e = MoeSharding::strs(&s.expert_axes);
@@ -415,15 +494,15 @@ pub fn moe_layer(
                 replicate(wg)?,
                 mesh_split(wi, &[&e, &[], &[]])?,
                 mesh_split(wo, &[&e, &[], &[]])?,
-                w_noise.as_ref().map(replicate).transpose()?,
+                extra.iter().map(replicate).collect::<Result<Vec<_>, _>>()?,
             )
         }
-        None => (x.clone(), wg.clone(), wi.clone(), wo.clone(), w_noise),
+        None => (x.clone(), wg.clone(), wi.clone(), wo.clone(), extra),
     };
     let (logits, gating) = match gate {
         Gate::Top2(cfg) => {
             let logits = b.einsum("GSM,ME->GSE", &[&x, &wg]);
-            let r = top2_gating(&logits, cfg, noise, paddings);
+            let r = top2_gating_biased(&logits, cfg, noise, paddings, bias);
             (logits, Routing::Top2(r))
         }
         Gate::Switch(cfg) => {
@@ -434,8 +513,8 @@ pub fn moe_layer(
         Gate::NoisyTopK { cfg, .. } => {
             let logits = b.einsum("GSM,ME->GSE", &[&x, &wg]);
             let raw_noise = noise.map(|n| {
-                let wn = w_noise
-                    .as_ref()
+                let wn = extra
+                    .first()
                     .expect("moe_layer: a noisy top-k gate with noise needs w_noise");
                 (b.einsum("GSM,ME->GSE", &[&x, wn]), n)
             });
@@ -455,6 +534,38 @@ pub fn moe_layer(
             let logits = b.einsum("GSM,ME->GSE", &[&x, &wg]);
             let r = expert_choice_gating(&logits, cfg, paddings);
             (logits, Routing::ExpertChoice(r))
+        }
+        Gate::Hierarchical { cfg, .. } => {
+            let logits = b.einsum("GSM,ME->GSE", &[&x, &wg]);
+            let primary = b.einsum("GSM,MA->GSA", &[&x, &extra[0]]);
+            let (a, e) = (cfg.groups, wg.shape()[1]);
+            let raw = noise.map(|n| {
+                assert!(
+                    extra.len() == 3,
+                    "moe_layer: a hierarchical gate with noise needs w_noise"
+                );
+                let sh = n.shape();
+                assert_eq!(
+                    sh[2],
+                    a + e,
+                    "moe_layer: hierarchical noise must be [G,S,A+E], got {}",
+                    n.ty()
+                );
+                (
+                    b.einsum("GSM,MA->GSA", &[&x, &extra[1]]),
+                    n.slice_dim(2, 0, a),
+                    b.einsum("GSM,ME->GSE", &[&x, &extra[2]]),
+                    n.slice_dim(2, a, a + e),
+                )
+            });
+            let hn = raw.as_ref().map(|(pr, pn, sr, sn)| HierarchicalNoise {
+                primary_raw: pr,
+                primary_normal: pn,
+                secondary_raw: sr,
+                secondary_normal: sn,
+            });
+            let r = hierarchical_gating(&primary, &logits, hn, cfg, paddings);
+            (logits, Routing::Hierarchical(r))
         }
     };
     let mut xin = b.einsum("GSEC,GSM->EGCM", &[gating.dispatch(), &x]);

@@ -23,12 +23,17 @@ pub struct ParamSpec {
     pub init: Init,
 }
 
-/// Creates parameters under a name prefix (`layer3/attn/wq`) and records their specs.
+/// Creates parameters under a name prefix (`layer3/attn/wq`) and records their specs; also
+/// the model's non-trainable state (buffers) and the new values the program computes for it.
 pub struct Params {
     pub b: Builder,
     pub dtype: DType,
     prefix: Vec<String>,
     pub specs: Vec<ParamSpec>,
+    /// Non-trainable state read by the program (no gradient, no optimizer state).
+    pub buffers: Vec<ParamSpec>,
+    /// `(buffer name, its value after this step)`.
+    pub updates: Vec<(String, Value)>,
 }
 
 impl Params {
@@ -38,6 +43,8 @@ impl Params {
             dtype,
             prefix: Vec::new(),
             specs: Vec::new(),
+            buffers: Vec::new(),
+            updates: Vec::new(),
         }
     }
 
@@ -76,5 +83,38 @@ impl Params {
             (Some(d), Some(_)) => sharding::annotate::annotate(&v, Sharding::from_dims(d)),
             _ => Ok(v),
         }
+    }
+
+    /// A new buffer: non-trainable state, replicated when the builder has a mesh. The
+    /// training loop keeps it between steps like a parameter (and in checkpoints) but never
+    /// differentiates it; [`Params::update`] gives its next value.
+    pub fn buffer(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        init: Init,
+    ) -> Result<Value, ShardingError> {
+        let full = self.full_name(name);
+        let ty = Type::new(self.dtype, shape.to_vec());
+        let v = self.b.param(&full, ty.clone());
+        self.buffers.push(ParamSpec {
+            name: full,
+            ty,
+            init,
+        });
+        match self.b.mesh() {
+            Some(_) => sharding::replicate(&v),
+            None => Ok(v),
+        }
+    }
+
+    /// The value of the buffer `name` (under the current prefix) after this step.
+    pub fn update(&mut self, name: &str, v: &Value) -> Result<(), ShardingError> {
+        let v = match self.b.mesh() {
+            Some(_) => sharding::replicate(v)?,
+            None => v.clone(),
+        };
+        self.updates.push((self.full_name(name), v));
+        Ok(())
     }
 }

@@ -11,7 +11,8 @@
 use crate::layers::{
     attention, cross_entropy, dropout, embed, rms_norm, segment_bias, sinusoid, AttnMask,
 };
-use crate::moe::{moe_layer, Activation, Gate, MoeSharding, MoeWeights, Route, SecondPolicy, Top2};
+use crate::moe::{Activation, SecondPolicy};
+pub use crate::moe_ffn::{Balance, MoeGating};
 use crate::params::{Init, ParamSpec, Params};
 use ir::{Builder, DType, Type, Value};
 use sharding::ShardingError;
@@ -28,8 +29,13 @@ pub struct MoeConfig {
     /// Expert capacity per group.
     pub capacity: usize,
     pub policy: SecondPolicy,
-    /// Weight of the summed aux losses in the total loss (GShard: 0.01).
+    /// Weight of the summed aux losses in the total loss (GShard: 0.01); unused with
+    /// [`Balance::Bias`].
     pub aux_loss_coef: f64,
+    /// The router (top-2 by default).
+    pub gating: MoeGating,
+    /// How the expert load is kept balanced.
+    pub balance: Balance,
 }
 
 /// Model hyper-parameters.
@@ -93,6 +99,10 @@ pub struct Built {
     pub ce: Value,
     /// Per MoE layer: (name, gating diagnostics).
     pub moe: Vec<(String, MoeStats)>,
+    /// Non-trainable state the program reads (the choice biases of
+    /// [`Balance::Bias`]), and its new value after the step, by name.
+    pub buffers: Vec<ParamSpec>,
+    pub updates: Vec<(String, Value)>,
     /// Decoder logits `[B, T, V]`.
     pub logits: Value,
 }
@@ -150,7 +160,7 @@ impl<'a> Ctx<'a> {
 
     fn ffn(&mut self, p: &mut Params, x: &Value, layer: usize) -> Result<Value, ShardingError> {
         let cfg = self.cfg;
-        let (bsz, t, m) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+        let m = x.shape()[2];
         if !is_moe(cfg, layer) {
             let wi = p.param(
                 "wi",
@@ -171,84 +181,7 @@ impl<'a> Ctx<'a> {
             );
             return Ok(h.matmul(&wo));
         }
-        let mc = cfg.moe.as_ref().unwrap();
-        let (e, s) = (mc.experts, mc.group_size);
-        assert!(
-            (bsz * t) % s == 0,
-            "MoE group size {s} must divide batch*length {}",
-            bsz * t
-        );
-        let g = bsz * t / s;
-        let lim = |fan_in: usize| (3.0 / fan_in as f64).sqrt();
-        let wg = p.param("wg", &[m, e], Init::Uniform(lim(m)), None)?;
-        let wi = p.param("wi", &[e, m, mc.expert_dim], Init::Uniform(lim(m)), None)?;
-        let wo = p.param(
-            "wo",
-            &[e, mc.expert_dim, m],
-            Init::Uniform(lim(mc.expert_dim)),
-            None,
-        )?;
-        let xg = x.reshape(&[g, s, m]);
-        let gating = Top2 {
-            capacity: mc.capacity,
-            policy: mc.policy,
-            legacy: true,
-            eps: 1e-9,
-        };
-        let noise = match mc.policy {
-            SecondPolicy::All => None,
-            SecondPolicy::Random { .. } => self.seed.as_ref().map(|sd| {
-                x.builder()
-                    .rng(ir::RngDist::Uniform, sd, Type::new(x.dtype(), vec![g, s]))
-            }),
-            SecondPolicy::Sampling => self.seed.as_ref().map(|sd| {
-                x.builder().rng(
-                    ir::RngDist::Uniform,
-                    sd,
-                    Type::new(x.dtype(), vec![g, s, e]),
-                )
-            }),
-        };
-        // Without a seed (evaluation), random routing keeps every second expert.
-        let gating = match (&noise, mc.policy) {
-            (None, SecondPolicy::Random { .. } | SecondPolicy::Sampling) => Top2 {
-                policy: SecondPolicy::All,
-                ..gating
-            },
-            _ => gating,
-        };
-        let layout =
-            (!self.layout.expert_axes.is_empty() && x.builder().mesh().is_some()).then(|| {
-                MoeSharding {
-                    group_axes: self.layout.batch_axes.clone(),
-                    expert_axes: self.layout.expert_axes.clone(),
-                }
-            });
-        let gate = Gate::Top2(gating);
-        let out = moe_layer(
-            &xg,
-            MoeWeights {
-                wg: &wg,
-                wi: &wi,
-                wo: &wo,
-            },
-            Route::new(&gate).noise(noise.as_ref()),
-            cfg.activation,
-            layout.as_ref(),
-        )?;
-        let gt = out.gating.as_top2().expect("MoE layers route with top-2");
-        let load = gt.index_1.one_hot(e, x.dtype()).mean(&[0, 1]);
-        self.moe.push((
-            p.full_name(""),
-            MoeStats {
-                load,
-                aux_loss: gt.aux_loss.clone(),
-                dropped_1: gt.over_capacity_1.clone(),
-                dropped_2: gt.over_capacity_2.clone(),
-            },
-        ));
-        self.aux.push(gt.aux_loss.clone());
-        Ok(out.y.reshape(&[bsz, t, m]))
+        crate::moe_ffn::moe_ffn(self, p, x)
     }
 
     /// One pre-norm block: self-attention, optional cross-attention, feed-forward.
@@ -400,11 +333,7 @@ pub fn build(
     let (bsz, s, t, m) = (shape.batch, shape.src_len, shape.tgt_len, cfg.model_dim);
     let i32t = |shape: &[usize]| Type::new(DType::I32, shape.to_vec());
     let seed = (train
-        && (cfg.dropout > 0.0
-            || cfg
-                .moe
-                .as_ref()
-                .is_some_and(|mc| mc.policy != SecondPolicy::All)))
+        && (cfg.dropout > 0.0 || cfg.moe.as_ref().is_some_and(MoeConfig::needs_seed)))
     .then(|| b.param("seed", Type::scalar(DType::I32)));
     let mut cx = Ctx {
         cfg,
@@ -502,6 +431,8 @@ pub fn build(
         }
     }
     Ok(Built {
+        buffers: p.buffers,
+        updates: p.updates,
         params: p.specs,
         loss,
         ce,

@@ -1,7 +1,8 @@
 //! The routers of `nn::gating` (Switch top-1, Shazeer noisy top-k, expert choice) and the
 //! dropless capacity, checked against hand-computed cases and against naive token-by-token
 //! implementations written here in plain f64 Rust loops (independent of the IR code);
-//! gradients against finite differences; every router inside `moe_layer` with GShard's 1-D
+//! gradients against finite differences; every router (Shazeer's hierarchical one too, whose
+//! own checks are in `hierarchical.rs`) inside `moe_layer` with GShard's 1-D
 //! annotations partitions on meshes `[expert=2]` and `[expert=4]` and equals the
 //! single-device run.
 
@@ -11,7 +12,11 @@ use nn::gating::{
     cv_squared, expert_choice_gating, noisy_top_k_gating, switch_gating, switch_router_logits,
     ExpertChoice, NoisyTopK, Switch,
 };
-use nn::moe::{moe_layer, top2_gating, Activation, Gate, MoeSharding, MoeWeights, Route, Top2};
+use nn::hierarchical::Hierarchical;
+use nn::moe::{
+    moe_layer, top2_gating, Activation, Gate, HierarchicalNoiseWeights, MoeSharding, MoeWeights,
+    Route, Top2,
+};
 use runtime::HostTensor;
 use std::collections::HashMap;
 use testkit::spmd::assert_spmd_matches;
@@ -779,6 +784,23 @@ fn every_gate_in_the_moe_layer_partitions_on_expert_meshes() {
             "expert_choice",
             Box::new(move |_| (Gate::ExpertChoice(ExpertChoice { capacity: c }), None)),
         ),
+        (
+            "hierarchical",
+            Box::new(move |b| {
+                let w_primary = b.param("wp", f64t(&[m, 2]));
+                let primary = b.param("wnp", f64t(&[m, 2]));
+                let secondary = b.param("wn", f64t(&[m, e]));
+                let n = b.param("nh", f64t(&[g, s, 2 + e]));
+                let w_noise = Some(HierarchicalNoiseWeights { primary, secondary });
+                let cfg = Hierarchical::new(2, 2, 1, c);
+                let gate = Gate::Hierarchical {
+                    cfg,
+                    w_primary,
+                    w_noise,
+                };
+                (gate, Some(n))
+            }),
+        ),
     ];
     let mut rng = lcg(31);
     let mut rv = |n: usize, scale: f64| -> Vec<f64> {
@@ -791,6 +813,9 @@ fn every_gate_in_the_moe_layer_partitions_on_expert_meshes() {
         ("wo", host(&[e, h, m], &rv(e * h * m, 0.8))),
         ("wn", host(&[m, e], &rv(m * e, 1.0))),
         ("n", host(&[g, s, e], &normal_vec(32, g * s * e))),
+        ("wp", host(&[m, 2], &rv(m * 2, 1.5))),
+        ("wnp", host(&[m, 2], &rv(m * 2, 1.0))),
+        ("nh", host(&[g, s, 2 + e], &normal_vec(33, g * s * (2 + e)))),
         (
             "u",
             host(
@@ -835,8 +860,10 @@ fn every_gate_in_the_moe_layer_partitions_on_expert_meshes() {
             b.output("dispatch", out.gating.dispatch());
             let fwd = b.finish();
             let mut wrt = vec!["x", "wg", "wi", "wo"];
-            if fwd.param("wn").is_some() {
-                wrt.push("wn");
+            for extra in ["wn", "wp", "wnp"] {
+                if fwd.param(extra).is_some() {
+                    wrt.push(extra);
+                }
             }
             let p = autodiff::grad(&fwd, "loss", &wrt).unwrap();
             let names: Vec<String> = p.params().iter().map(|(n, _)| n.to_string()).collect();

@@ -5,7 +5,9 @@
 use ir::{Builder, DType, Mesh, Type};
 use nn::moe::{Activation, SecondPolicy};
 use nn::params::Init;
-use nn::transformer::{build, BatchShape, Layout, MoeConfig, Packing, TransformerConfig};
+use nn::transformer::{
+    build, Balance, BatchShape, Layout, MoeConfig, MoeGating, Packing, TransformerConfig,
+};
 use runtime::HostTensor;
 use std::collections::HashMap;
 use testkit::spmd::assert_spmd_matches;
@@ -29,6 +31,8 @@ fn config(enc_layers: usize) -> TransformerConfig {
             capacity: 2,
             policy: SecondPolicy::All,
             aux_loss_coef: 0.01,
+            gating: MoeGating::Top2,
+            balance: Balance::AuxLoss,
         }),
         activation: Activation::Relu,
         dropout: 0.0,

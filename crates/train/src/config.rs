@@ -5,7 +5,7 @@
 use crate::optim::{AdafactorConfig, LrSchedule, Optimizer};
 use ir::{DType, Mesh};
 use nn::moe::{Activation, SecondPolicy};
-use nn::transformer::{Layout, MoeConfig, TransformerConfig};
+use nn::transformer::{Balance, Layout, MoeConfig, MoeGating, TransformerConfig};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -156,7 +156,19 @@ pub struct ModelConfig {
     /// "all", "random" (GShard random routing) or "sampling".
     pub second_expert: String,
     pub threshold: f64,
+    /// Weight of the router's auxiliary losses (with `balance = "aux_loss"`).
     pub aux_loss_coef: f64,
+    /// The router: "top2" (GShard) or "hierarchical" (Shazeer et al. 2017 appendix B:
+    /// `expert_groups` groups, `primary_k` groups per token, `secondary_k` experts of each).
+    pub gating: String,
+    pub expert_groups: usize,
+    pub primary_k: usize,
+    pub secondary_k: usize,
+    /// Load balancing: "aux_loss" (GShard's auxiliary loss, weighted by `aux_loss_coef`) or
+    /// "bias" (DeepSeek-V3: no auxiliary loss; a per-expert bias on the routing scores, for
+    /// the choice only, moved by `bias_rate` per step towards the mean load; top2 only).
+    pub balance: String,
+    pub bias_rate: f64,
     /// "relu" or "gelu_tanh" (also spelled "gelu-tanh", as on the command line).
     pub activation: String,
     pub dropout: f64,
@@ -241,6 +253,12 @@ impl Default for ModelConfig {
             second_expert: "random".into(),
             threshold: 0.5,
             aux_loss_coef: 0.01,
+            gating: "top2".into(),
+            expert_groups: 2,
+            primary_k: 2,
+            secondary_k: 2,
+            balance: "aux_loss".into(),
+            bias_rate: 0.001,
             activation: "relu".into(),
             dropout: 0.0,
             label_smoothing: 0.1,
@@ -392,6 +410,7 @@ impl TrainConfig {
         for (field, v) in [
             ("model.threshold", m.threshold),
             ("model.aux_loss_coef", m.aux_loss_coef),
+            ("model.bias_rate", m.bias_rate),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(format!("{field} = {v}: use a finite value >= 0"));
@@ -418,6 +437,8 @@ impl TrainConfig {
         }
         self.policy()?;
         self.activation()?;
+        self.gating()?;
+        self.balance()?;
         for (field, v) in [
             ("model.dropout", m.dropout),
             ("model.label_smoothing", m.label_smoothing),
@@ -473,6 +494,59 @@ impl TrainConfig {
         }
     }
 
+    /// The router, its options checked against the expert count.
+    fn gating(&self) -> Result<MoeGating, ConfigError> {
+        let m = &self.model;
+        match m.gating.as_str() {
+            "top2" => Ok(MoeGating::Top2),
+            "hierarchical" => {
+                let moe = m.moe_every > 0 && m.experts > 0;
+                let a = m.expert_groups;
+                if moe && (a == 0 || a > m.experts || !m.experts.is_multiple_of(a)) {
+                    return Err(ConfigError::Invalid(format!(
+                        "model.expert_groups = {a} must divide model.experts = {} (e.g. 8 groups of 8 for 64 experts)",
+                        m.experts
+                    )));
+                }
+                let b = if moe { m.experts / a } else { usize::MAX };
+                if moe && !(1..=a).contains(&m.primary_k) {
+                    return Err(ConfigError::Invalid(format!(
+                        "model.primary_k = {}: use a value from 1 to model.expert_groups = {a}",
+                        m.primary_k
+                    )));
+                }
+                if moe && !(1..=b).contains(&m.secondary_k) {
+                    return Err(ConfigError::Invalid(format!(
+                        "model.secondary_k = {}: use a value from 1 to the {b} experts per group",
+                        m.secondary_k
+                    )));
+                }
+                Ok(MoeGating::Hierarchical {
+                    groups: a,
+                    k_primary: m.primary_k,
+                    k_secondary: m.secondary_k,
+                })
+            }
+            other => Err(ConfigError::Invalid(format!(
+                "model.gating = {other:?}: use \"top2\" or \"hierarchical\""
+            ))),
+        }
+    }
+
+    fn balance(&self) -> Result<Balance, ConfigError> {
+        let m = &self.model;
+        match (m.balance.as_str(), m.gating.as_str()) {
+            ("aux_loss", _) => Ok(Balance::AuxLoss),
+            ("bias", "top2") => Ok(Balance::Bias { rate: m.bias_rate }),
+            ("bias", g) => Err(ConfigError::Invalid(format!(
+                "model.balance = \"bias\" is implemented for model.gating = \"top2\", not {g:?}"
+            ))),
+            (other, _) => Err(ConfigError::Invalid(format!(
+                "model.balance = {other:?}: use \"aux_loss\" or \"bias\""
+            ))),
+        }
+    }
+
     fn activation(&self) -> Result<Activation, ConfigError> {
         match self.model.activation.as_str() {
             "relu" => Ok(Activation::Relu),
@@ -486,6 +560,17 @@ impl TrainConfig {
     /// The model for a vocabulary of `vocab` tokens.
     pub fn transformer(&self, vocab: usize) -> Result<TransformerConfig, ConfigError> {
         let m = &self.model;
+        let gating = self.gating()?;
+        let balance = self.balance()?;
+        // GShard's C = ceil(2 S cf / E) for 2 assignments a token; ceil(K S cf / E) for K.
+        let k = match gating {
+            MoeGating::Top2 => 2,
+            MoeGating::Hierarchical {
+                k_primary,
+                k_secondary,
+                ..
+            } => k_primary * k_secondary,
+        };
         let moe = (m.moe_every > 0 && m.experts > 0).then(|| MoeConfig {
             experts: m.experts,
             expert_dim: if m.expert_dim == 0 {
@@ -494,9 +579,15 @@ impl TrainConfig {
                 m.expert_dim
             },
             group_size: m.group_size,
-            capacity: nn::capacity::gshard(m.group_size, m.experts, m.capacity_factor),
+            capacity: nn::capacity::gshard(m.group_size * k, 2 * m.experts, m.capacity_factor),
             policy: SecondPolicy::All,
-            aux_loss_coef: m.aux_loss_coef,
+            // Bias balancing trains without the auxiliary loss.
+            aux_loss_coef: match balance {
+                Balance::AuxLoss => m.aux_loss_coef,
+                Balance::Bias { .. } => 0.0,
+            },
+            gating,
+            balance,
         });
         let moe = match moe {
             Some(mc) => Some(MoeConfig {

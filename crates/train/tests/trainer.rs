@@ -197,6 +197,19 @@ fn resuming_anywhere_reproduces_the_run_bit_for_bit() {
         .unwrap()
         .optimizer;
     configs.push(("dense-sgd", d));
+    // Bias balancing (the choice biases are state the checkpoint must carry).
+    let mut e = tiny();
+    e.model.balance = "bias".into();
+    e.model.bias_rate = 0.05;
+    e.checkpoint_every = 1;
+    configs.push(("bias-balance", e));
+    // Shazeer's hierarchical MoE (noisy gates from the step's seed).
+    let mut h = tiny();
+    h.model.gating = "hierarchical".into();
+    h.model.expert_groups = 2;
+    h.model.secondary_k = 1;
+    h.checkpoint_every = 1;
+    configs.push(("hierarchical", h));
     for (tag, cfg) in configs {
         let full = tmp(&format!("bits-full-{tag}"));
         run(&cfg, &c, &RunOptions::new(full.clone()), &mut |_| {}).unwrap();
@@ -371,4 +384,67 @@ fn bad_configs_are_one_line_errors() {
         TrainConfig::from_toml("", "c.toml").unwrap(),
         TrainConfig::default()
     );
+}
+
+#[test]
+fn bias_balancing_trains_without_the_aux_loss_and_keeps_its_biases() {
+    let mut cfg = tiny();
+    cfg.model.balance = "bias".into();
+    cfg.model.bias_rate = 0.05;
+    let dir = tmp("bias");
+    run(&cfg, &corpus(), &RunOptions::new(dir.clone()), &mut |_| {}).unwrap();
+    let recs = train::metrics::read(&dir.join("metrics.jsonl")).unwrap();
+    let steps: Vec<_> = recs.iter().filter(|r| r.get("lr").is_some()).collect();
+    assert_eq!(steps.len(), 6);
+    for r in &steps {
+        // The aux loss is computed (and logged) but weighs nothing in the loss.
+        assert!(r["aux"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["loss"].as_f64(), r["ce"].as_f64(), "{r}");
+    }
+    let ck = checkpoint::load(&dir.join("checkpoint.safetensors")).unwrap();
+    let biases: Vec<&String> = ck
+        .tensors
+        .keys()
+        .filter(|k| k.ends_with("/moe/choice_bias"))
+        .collect();
+    assert_eq!(
+        biases.len(),
+        2,
+        "{:?}",
+        ck.tensors.keys().collect::<Vec<_>>()
+    );
+    for name in biases {
+        let b = ck.tensors[name].to_f64_vec();
+        assert_eq!(b.len(), 4);
+        // Six steps of +-0.05 (or 0 where an expert sat exactly at the mean): multiples of
+        // the rate, at most six of them, and not all zero.
+        for v in &b {
+            let k = v / 0.05;
+            assert!(
+                (k - k.round()).abs() < 1e-4 && k.abs() <= 6.0 + 1e-4,
+                "{name}: {b:?}"
+            );
+        }
+        assert!(
+            b.iter().any(|v| v.abs() > 0.01),
+            "{name} never moved: {b:?}"
+        );
+    }
+    // With the aux loss (the default) the loss is the cross-entropy plus the weighted aux.
+    let plain = tmp("bias-off");
+    run(
+        &tiny(),
+        &corpus(),
+        &RunOptions::new(plain.clone()),
+        &mut |_| {},
+    )
+    .unwrap();
+    let recs = train::metrics::read(&plain.join("metrics.jsonl")).unwrap();
+    let r = recs.iter().find(|r| r.get("lr").is_some()).unwrap();
+    assert!(r["loss"].as_f64().unwrap() > r["ce"].as_f64().unwrap());
+    for f in ["expert_load.png", "dropped.png"] {
+        assert!(dir.join(f).exists(), "{f} missing");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(&plain).ok();
 }

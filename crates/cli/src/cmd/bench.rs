@@ -35,7 +35,9 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use ir::{Builder, DType, Mesh, Program};
 use nn::moe::{Activation, SecondPolicy};
-use nn::transformer::{build, BatchShape, Layout, MoeConfig, Packing, TransformerConfig};
+use nn::transformer::{
+    build, Balance, BatchShape, Layout, MoeConfig, MoeGating, Packing, TransformerConfig,
+};
 use serde_json::json;
 use std::time::Instant;
 
@@ -325,6 +327,8 @@ pub fn transformer_step(layers: usize, experts: usize) -> Result<Program> {
             capacity: nn::capacity::gshard(1024, experts, 1.0),
             policy: SecondPolicy::All,
             aux_loss_coef: 0.01,
+            gating: MoeGating::Top2,
+            balance: Balance::AuxLoss,
         }),
         activation: Activation::Relu,
         dropout: 0.0,

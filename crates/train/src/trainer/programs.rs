@@ -17,6 +17,9 @@ pub struct Programs {
     pub eval: Partitioned,
     pub params: Vec<ParamSpec>,
     pub state: Vec<ParamSpec>,
+    /// Non-trainable model state (the MoE layers' choice biases): step inputs whose next
+    /// values the step computes (`new/<name>`), kept and checkpointed like the parameters.
+    pub buffers: Vec<ParamSpec>,
     pub moe_layers: Vec<String>,
     pub partition_seconds: f64,
 }
@@ -44,6 +47,9 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
         b.output(&format!("moe{i}/dropped_1"), &st.dropped_1);
         b.output(&format!("moe{i}/dropped_2"), &st.dropped_2);
         moe_layers.push(name.trim_end_matches('/').to_string());
+    }
+    for (name, v) in &built.updates {
+        b.output(&format!("new/{name}"), v);
     }
     let fwd = b.finish();
     let names: Vec<String> = built.params.iter().map(|s| s.name.clone()).collect();
@@ -80,6 +86,7 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
         eval,
         params: built.params,
         state,
+        buffers: built.buffers,
         moe_layers,
         partition_seconds: t0.elapsed().as_secs_f64(),
     })
@@ -105,13 +112,20 @@ pub(super) fn eval_program(
 }
 
 impl Programs {
-    /// Every parameter and optimizer-state tensor a checkpoint holds, with its type.
+    /// Every parameter, optimizer-state and buffer tensor a checkpoint holds, with its type.
     pub fn state_types(&self) -> Vec<(String, ir::Type)> {
+        self.all_state()
+            .map(|s| (s.name.clone(), s.ty.clone()))
+            .collect()
+    }
+
+    /// The specs of everything a run keeps between steps: parameters, optimizer state and
+    /// buffers.
+    pub fn all_state(&self) -> impl Iterator<Item = &ParamSpec> {
         self.params
             .iter()
             .chain(self.state.iter())
-            .map(|s| (s.name.clone(), s.ty.clone()))
-            .collect()
+            .chain(self.buffers.iter())
     }
 }
 

@@ -265,7 +265,7 @@ fn check_memory(
     local_devices: usize,
     max: Option<u64>,
 ) -> Result<(), TrainError> {
-    let specs = || programs.params.iter().chain(programs.state.iter());
+    let specs = || programs.all_state();
     let state: u64 = specs().map(|s| s.ty.size_bytes() as u64).sum();
     // The largest tensor is first made in f64 (`init_tensor`), twice its f32 size.
     let init_temp: u64 = specs()
@@ -559,6 +559,7 @@ pub fn run(
                 rec["dropped_2"] = json!(d2);
                 rec["aux"] = json!((0..nl).map(|i| s(&format!("moe{i}/aux"))).sum::<f64>());
                 rec["load"] = json!(loads);
+                rec["dropped_layers"] = json!(drops.iter().map(|d| [d.0, d.1]).collect::<Vec<_>>());
             }
             if cfg.eval_every > 0 && done % cfg.eval_every == 0 && done < cfg.steps {
                 let dl = dev_loss(&tr, &tok, &data.dev)?;
@@ -671,12 +672,14 @@ pub fn run(
     })
 }
 
-/// loss.png and expert_load.png from metrics.jsonl.
+/// loss.png, expert_load.png (heatmaps) and dropped.png from metrics.jsonl.
 fn plots(rd: &RunDir, layers: &[String]) -> Result<(), TrainError> {
     let recs = crate::metrics::read(&rd.metrics()).map_err(io(&rd.metrics()))?;
     let mut train = Vec::new();
     let mut dev = Vec::new();
     let mut load: Vec<crate::plots::LoadSeries> =
+        layers.iter().map(|n| (n.clone(), Vec::new())).collect();
+    let mut dropped: Vec<crate::plots::DroppedSeries> =
         layers.iter().map(|n| (n.clone(), Vec::new())).collect();
     for r in &recs {
         let step = r["step"].as_f64().unwrap_or(0.0);
@@ -694,10 +697,20 @@ fn plots(rd: &RunDir, layers: &[String]) -> Result<(), TrainError> {
                 }
             }
         }
+        if let Some(ds) = r["dropped_layers"].as_array() {
+            for (i, d) in ds.iter().enumerate() {
+                if let (Some(slot), Some(d1), Some(d2)) =
+                    (dropped.get_mut(i), d[0].as_f64(), d[1].as_f64())
+                {
+                    slot.1.push((step, d1, d2));
+                }
+            }
+        }
     }
     crate::plots::loss_curve(&rd.dir.join("loss.png"), &train, &dev)?;
     if !layers.is_empty() {
         crate::plots::expert_load(&rd.dir.join("expert_load.png"), &load)?;
+        crate::plots::dropped(&rd.dir.join("dropped.png"), &dropped)?;
     }
     Ok(())
 }

@@ -75,9 +75,7 @@ impl Trainer {
         let global = match global {
             Some(g) => g,
             None => programs
-                .params
-                .iter()
-                .chain(programs.state.iter())
+                .all_state()
                 .enumerate()
                 .map(|(i, s)| (s.name.clone(), init_tensor(s, cfg.seed, 1000 + i as u64)))
                 .collect(),
@@ -247,7 +245,10 @@ impl Trainer {
     /// process takes the same branch, since the programs are the same).
     pub(super) fn params_for(&self, part: &Partitioned) -> Result<DeviceInputs, TrainError> {
         let mesh = self.mesh();
-        let is_param = |name: &str| self.programs.params.iter().any(|s| s.name == name);
+        let is_param = |name: &str| {
+            self.programs.params.iter().any(|s| s.name == name)
+                || self.programs.buffers.iter().any(|s| s.name == name)
+        };
         let moved = part.params.iter().any(|l| {
             is_param(&l.name)
                 && !self
