@@ -293,10 +293,12 @@ impl<'a> Ctx<'a> {
         let cfg = self.cfg;
         let b = src.builder();
         let (s, m, dt) = (src.shape()[1], cfg.model_dim, cfg.dtype);
+        let embed_scope = b.scope("encoder/embed");
         let mut x = embed(table, src)
             .mul((m as f64).sqrt())
             .add(&sinusoid(b, s, m, dt).reshape(&[1, s, m]));
         x = self.annotate_batch(&dropout(&x, cfg.dropout, self.seed.as_ref()))?;
+        drop(embed_scope);
         let mask = AttnMask {
             causal: false,
             key_padding: Some(src_pad.clone()),
@@ -392,10 +394,12 @@ pub fn build(
     } else {
         None
     };
+    let embed_scope = b.scope("decoder/embed");
     let mut y = embed(&tgt_table, &tgt_in)
         .mul(scale)
         .add(&sinusoid(b, t, m, dt).reshape(&[1, t, m]));
     y = cx.annotate_batch(&dropout(&y, cfg.dropout, cx.seed.as_ref()))?;
+    drop(embed_scope);
     let causal = AttnMask {
         causal: true,
         key_padding: None,
@@ -409,6 +413,7 @@ pub fn build(
     let y = p.scope("decoder", |p| {
         p.scope("final_norm", |p| rms_norm(p, &y, 1e-6))
     })?;
+    let _output_scope = b.scope("output");
     let logits = b.einsum("BTM,VM->BTV", &[&y, &tgt_table]);
     let logits = cx.annotate_batch(&logits)?;
     let (ce, _) = cross_entropy(

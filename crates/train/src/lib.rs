@@ -9,6 +9,7 @@ pub mod data;
 pub mod memory;
 pub mod metrics;
 pub mod optim;
+pub mod pictures;
 pub mod plots;
 pub mod tokenizer;
 pub mod trainer;

@@ -30,13 +30,14 @@ impl Drop for RunLock {
 }
 
 /// What a run directory holds, for [`RunDir::contents`].
-pub const RUN_FILES: [&str; 8] = [
+pub const RUN_FILES: [&str; 9] = [
     "config.toml",
     "metrics.jsonl",
     "checkpoint.safetensors",
     "tokenizer.json",
     "loss.png",
     "expert_load.png",
+    "expert_placement.png",
     "dev.hyp",
     "dev.ref",
 ];
