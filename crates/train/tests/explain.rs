@@ -118,13 +118,16 @@ fn the_summary_by_layer_adds_up_to_the_program() {
     assert!(table.contains("all_to_all"), "{table}");
 }
 
+/// The pictures are written to `GSHARD_PICTURES_DIR` if set (and kept: the README's come
+/// from here), else to a temporary directory removed after the test.
 #[test]
 fn pictures_of_a_3d_tensor_on_a_3d_mesh_and_of_the_expert_placement() {
-    let dir = tmp("pictures");
+    let keep = std::env::var_os("GSHARD_PICTURES_DIR").map(std::path::PathBuf::from);
+    let dir = keep.clone().unwrap_or_else(|| tmp("pictures"));
     let mesh = Mesh::new(&[("x", 2), ("y", 2), ("z", 2)]).unwrap();
     let ty = ir::Type::new(ir::DType::F32, [4, 6, 8]);
     let s = ir::Sharding::from_dims(&[&["x"], &[], &["z", "y"]]);
-    let path = dir.join("tensor.png");
+    let path = dir.join("sharding_3d.png");
     let pic = ShardingPicture {
         name: "w",
         ty: &ty,
@@ -149,9 +152,15 @@ fn pictures_of_a_3d_tensor_on_a_3d_mesh_and_of_the_expert_placement() {
         // Each expert lives on one expert rank: two devices (one per data rank).
         assert!(p.experts.iter().all(|d| d.len() == 2), "{p:?}");
     }
-    let path = dir.join("experts.png");
+    let path = dir.join("expert_placement.png");
+    pictures::draw_placement(&path, &placement, None).unwrap();
+    assert_eq!(&std::fs::read(&path).unwrap()[1..4], b"PNG");
+    // Coloured by a load (synthetic here; a run uses its last measured one).
+    let path = dir.join("expert_placement_load.png");
     let load = vec![vec![0.125; 8], (0..8).map(|e| e as f64 / 28.0).collect()];
     pictures::draw_placement(&path, &placement, Some(&load)).unwrap();
     assert_eq!(&std::fs::read(&path).unwrap()[1..4], b"PNG");
-    std::fs::remove_dir_all(&dir).unwrap();
+    if keep.is_none() {
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
