@@ -48,7 +48,10 @@ fn why_flags_the_gather_a_bad_annotation_causes() {
         ),
         "{out}"
     );
-    assert!(out.contains("serves %2 dot_general: operand 1 (%1)"), "{out}");
+    assert!(
+        out.contains("serves %2 dot_general: operand 1 (%1)"),
+        "{out}"
+    );
     // The summary by scope: per device, the dot (2 * 256 * 64 * 64) and the ReLU (256 * 64).
     let row = out
         .lines()
@@ -97,7 +100,10 @@ fn json_gives_every_collective_of_the_moe_layer_a_scope_and_a_cause() {
         assert!(scope.starts_with("moe/") || scope == "loss", "{c}");
         assert!(c["cause"].is_object(), "{c}");
         assert!(c["cause"]["serves"].is_u64(), "{c}");
-        assert!(!c["cause"]["required"].as_array().unwrap().is_empty(), "{c}");
+        assert!(
+            !c["cause"]["required"].as_array().unwrap().is_empty(),
+            "{c}"
+        );
         if c["kind"] == "all-to-all" {
             a2a.push((scope.to_string(), c["grad"].as_bool().unwrap()));
         }
@@ -125,9 +131,15 @@ fn draw_writes_the_layout_of_a_parameter() {
         "--out",
         png.to_str().unwrap(),
     ]);
-    assert!(out.contains("w f32[64,64] {data, _} on mesh [data=4]"), "{out}");
+    assert!(
+        out.contains("w f32[64,64] {data, _} on mesh [data=4]"),
+        "{out}"
+    );
     for k in 0..4 {
-        assert!(out.contains(&format!("tile [{k},0] on devices {k}\n")), "{out}");
+        assert!(
+            out.contains(&format!("tile [{k},0] on devices {k}\n")),
+            "{out}"
+        );
     }
     assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
     let err = Command::new(env!("CARGO_BIN_EXE_gshard"))
@@ -147,7 +159,10 @@ fn the_exported_training_step_explains_every_collective() {
     let p = prog.to_str().unwrap();
     gshard(&["export", "train-step", "--vocab", "256", "-o", p]);
     let text = std::fs::read_to_string(&prog).unwrap();
-    assert!(text.contains("\"decoder/layer1/moe/dispatch\" grad"), "scopes are printed");
+    assert!(
+        text.contains("\"decoder/layer1/moe/dispatch\" grad"),
+        "scopes are printed"
+    );
     let out = gshard(&["inspect", p, "--why", "--no-program"]);
     assert!(out.contains("# why each collective: "), "{out}");
     assert!(!out.contains("cause unknown"), "{out}");

@@ -6,8 +6,8 @@ use crate::error::SpmdError;
 use crate::pv::PartitionedValue;
 use crate::why::{Emitted, Moved, Reshard};
 use ir::{
-    BinaryOp, Builder, CompareOp, DType, Literal, Mesh, Op, Program, Scopes, Sharding, Type,
-    Value, ValueId,
+    BinaryOp, Builder, CompareOp, DType, Literal, Mesh, Op, Program, Scopes, Sharding, Type, Value,
+    ValueId,
 };
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -393,12 +393,9 @@ fn gathers_whole(s: &Sharding, t: &Sharding, steps: &[Step]) -> bool {
     split(s)
         && !split(t)
         && t.partial.is_empty()
-        && steps.iter().any(|st| {
-            matches!(
-                st,
-                Step::AllGather { .. } | Step::GatherWholeAndTrim { .. }
-            )
-        })
+        && steps
+            .iter()
+            .any(|st| matches!(st, Step::AllGather { .. } | Step::GatherWholeAndTrim { .. }))
 }
 
 /// Emit `steps` on `x` (the local form of `pv`); returns the result.

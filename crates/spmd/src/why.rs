@@ -114,7 +114,10 @@ fn link(p: &Program, prov: &[Provenance], id: ValueId) -> Link {
             .sharding
             .clone()
             .unwrap_or_else(|| Sharding::replicated(ins.ty.rank())),
-        how: prov.get(id.index()).copied().unwrap_or(Provenance::Annotated),
+        how: prov
+            .get(id.index())
+            .copied()
+            .unwrap_or(Provenance::Annotated),
     }
 }
 

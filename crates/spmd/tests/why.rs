@@ -30,7 +30,12 @@ fn a_weight_split_so_that_a_dot_gathers_it_is_flagged_with_its_annotation() {
     let part = spmd::compile(&p).unwrap();
     let entries = why::entries(&part, WhyOptions::default());
     let flagged: Vec<_> = entries.iter().filter(|e| e.flagged).collect();
-    assert_eq!(flagged.len(), 1, "{}", why::text(&part, WhyOptions::default()));
+    assert_eq!(
+        flagged.len(),
+        1,
+        "{}",
+        why::text(&part, WhyOptions::default())
+    );
     let e = flagged[0];
     assert_eq!(e.info.kind, "all_gather");
     assert_eq!(e.scope, "mlp");
@@ -124,7 +129,10 @@ fn propagated_shardings_cite_the_annotation_they_came_from() {
     let chain = sharding::provenance_chain(&prov, ValueId(3));
     assert_eq!(chain.first(), Some(&ValueId(3)));
     assert_eq!(chain.last(), Some(&ValueId(0)), "{prov:?}");
-    assert_eq!(q.instr(ValueId(3)).sharding, Some(Sharding::split(2, 0, "data")));
+    assert_eq!(
+        q.instr(ValueId(3)).sharding,
+        Some(Sharding::split(2, 0, "data"))
+    );
     let part = spmd::partition_explained(&q, &prov).unwrap();
     let text = why::text(&part, WhyOptions::default());
     assert!(text.contains("annotated"), "{text}");

@@ -124,9 +124,7 @@ fn draw_sharding_inner(path: &Path, pic: &ShardingPicture) -> Result<(), String>
     crate::plots::register_font();
     let rank = pic.ty.rank();
     let ts = tiles(pic.mesh, pic.sharding, rank);
-    let counts: Vec<usize> = (0..rank)
-        .map(|d| pic.sharding.tiles(pic.mesh, d))
-        .collect();
+    let counts: Vec<usize> = (0..rank).map(|d| pic.sharding.tiles(pic.mesh, d)).collect();
     // Grid over the last two dims; panels over the leading ones.
     let (rows, cols) = match rank {
         0 => (1, 1),
@@ -212,8 +210,12 @@ fn draw_sharding_inner(path: &Path, pic: &ShardingPicture) -> Result<(), String>
                 let style = TextStyle::from(("sans-serif", 13)).pos(centre);
                 let idx: Vec<String> = t.index.iter().map(|i| i.to_string()).collect();
                 let (cx, cy) = (x + cell.0 as i32 / 2, y + cell.1 as i32 / 2);
-                root.draw(&Text::new(format!("[{}]", idx.join(",")), (cx, cy - 9), style.clone()))
-                    .map_err(err)?;
+                root.draw(&Text::new(
+                    format!("[{}]", idx.join(",")),
+                    (cx, cy - 9),
+                    style.clone(),
+                ))
+                .map_err(err)?;
                 root.draw(&Text::new(device_list(&t.devices, 4), (cx, cy + 9), style))
                     .map_err(err)?;
             }
@@ -307,8 +309,12 @@ fn draw_placement_inner(
                 Some(v) => format!("e{e} {:.0}%", v * 100.0),
                 None => format!("e{e}"),
             };
-            root.draw(&Text::new(label, (10, y + cell / 2 - 7), ("sans-serif", 13)))
-                .map_err(err)?;
+            root.draw(&Text::new(
+                label,
+                (10, y + cell / 2 - 7),
+                ("sans-serif", 13),
+            ))
+            .map_err(err)?;
             for (c, d) in l.devices.iter().enumerate() {
                 let x = left + c as i32 * cell;
                 let held = holders.contains(d);

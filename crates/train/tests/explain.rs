@@ -35,7 +35,11 @@ fn every_collective_of_the_moe_training_step_has_a_scope_and_a_cause() {
     let entries = why::entries(part, WhyOptions::default());
     assert!(entries.len() > 8, "{} collectives", entries.len());
     for e in &entries {
-        assert!(e.cause.is_some(), "collective %{} has no cause", e.info.index);
+        assert!(
+            e.cause.is_some(),
+            "collective %{} has no cause",
+            e.info.index
+        );
         assert!(
             !e.scope.is_empty(),
             "collective %{} {} is at the top level",
@@ -80,7 +84,10 @@ fn the_partitioned_step_prints_and_parses_back_with_its_scopes() {
     let progs = step();
     let p = &progs.step.program;
     let text = ir::text::print(p);
-    assert!(text.contains("\"optimizer/"), "the optimizer has its own scopes");
+    assert!(
+        text.contains("\"optimizer/"),
+        "the optimizer has its own scopes"
+    );
     assert!(text.contains(" grad\n"), "backward instructions are marked");
     let q = ir::text::parse(&text).unwrap();
     assert_eq!(&q, p);
@@ -106,7 +113,10 @@ fn the_summary_by_layer_adds_up_to_the_program() {
             .iter()
             .find(|r| layer.starts_with(&r.scope) && !r.scope.is_empty())
             .unwrap_or_else(|| panic!("no row for {layer}"));
-        assert!(row.collective_bytes.iter().any(|(k, b)| *k == "all_to_all" && *b > 0));
+        assert!(row
+            .collective_bytes
+            .iter()
+            .any(|(k, b)| *k == "all_to_all" && *b > 0));
         assert!(row.saved_bytes > 0);
         assert!(row.flops > 0);
     }

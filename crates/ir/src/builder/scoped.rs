@@ -49,7 +49,6 @@ impl Builder {
     pub fn grad_scope(&self, scope: ScopeId) -> ScopeId {
         self.st.borrow_mut().prog.scopes.grad_of(scope)
     }
-
 }
 
 /// Restores the builder's previous scope when dropped (see [`Builder::scope`]).
@@ -64,4 +63,3 @@ impl Drop for ScopeGuard {
         self.b.st.borrow_mut().scope = self.prev;
     }
 }
-

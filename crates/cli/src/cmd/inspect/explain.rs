@@ -86,7 +86,12 @@ pub fn row_json(r: &ScopeRow) -> Value {
 
 /// The global type and sharding of `name`: a parameter, an output or `%N` of the program.
 fn find(p: &Program, part: &Partitioned, name: &str) -> Result<(Type, Sharding)> {
-    if let Some(l) = part.params.iter().chain(&part.outputs).find(|l| l.name == name) {
+    if let Some(l) = part
+        .params
+        .iter()
+        .chain(&part.outputs)
+        .find(|l| l.name == name)
+    {
         return Ok((l.global.clone(), l.sharding.clone()));
     }
     if let Some(n) = name.strip_prefix('%') {
@@ -94,7 +99,10 @@ fn find(p: &Program, part: &Partitioned, name: &str) -> Result<(Type, Sharding)>
             .parse()
             .with_context(|| format!("`{name}` is not a value number such as %12"))?;
         if i as usize >= p.len() {
-            bail!("the program has no value {name} (it has {} instructions)", p.len());
+            bail!(
+                "the program has no value {name} (it has {} instructions)",
+                p.len()
+            );
         }
         let done = sharding::propagate(p)?;
         let ins = done.instr(ValueId(i));
