@@ -9,6 +9,8 @@
 //! Only values that both depend on a requested parameter and reach the loss get a
 //! cotangent, and backward instructions that no output uses are removed, so the appended
 //! code contains no dead work. New instructions carry no sharding; propagation fills it.
+//! Each carries the scope of the forward instruction it differentiates, marked `grad`; the
+//! copy that puts an annotation back on a cotangent has the scope of that cotangent.
 
 pub mod rules;
 
@@ -80,12 +82,16 @@ pub fn grad(p: &Program, loss: &str, wrt: &[&str]) -> Result<Program, GradError>
     let b = Builder::from_program(p.clone());
     let mut cts: Vec<Vec<Value>> = vec![Vec::new(); n];
     let mut param_grads: Vec<Option<Value>> = vec![None; n];
+    // Backward instructions get the scope of what they differentiate, with the `grad` marker.
+    let grad_scope = |v: ValueId| b.grad_scope(p.instrs[v.index()].scope);
+    b.set_scope(grad_scope(loss_id));
     cts[loss_id.index()].push(b.splat(1.0, loss_ty));
     for i in (0..n).rev() {
         let contributions = std::mem::take(&mut cts[i]);
         if !active[i] || contributions.is_empty() {
             continue;
         }
+        b.set_scope(grad_scope(ValueId(i as u32)));
         let mut g = contributions
             .into_iter()
             .reduce(|acc, c| acc.add(&c))
@@ -94,9 +100,14 @@ pub fn grad(p: &Program, loss: &str, wrt: &[&str]) -> Result<Program, GradError>
         // A value's user annotation applies to its cotangent too (as JAX transposes a
         // sharding constraint into the same constraint): the gradient then flows back in
         // the layout the user chose, e.g. E-split through the experts of an MoE layer.
+        // The copy that re-imposes the annotation moves the incoming cotangent, so it sits
+        // with the code that produced it (the transpose of a forward reshard lands in the
+        // backward pass of the scope that did the forward one).
         if let Some(s) = &instr.sharding {
+            let at = b.set_scope(b.scope_of(g.id));
             g = g.copy();
             g.set_sharding(Some(s.clone()));
+            b.set_scope(at);
         }
         if let Op::Parameter { .. } = instr.op {
             param_grads[i] = Some(g);
@@ -125,6 +136,7 @@ pub fn grad(p: &Program, loss: &str, wrt: &[&str]) -> Result<Program, GradError>
         }
     }
     for (name, id) in params {
+        b.set_scope(grad_scope(id));
         let g = param_grads[id.index()]
             .take()
             .unwrap_or_else(|| b.splat(0.0, p.ty(id).clone()));

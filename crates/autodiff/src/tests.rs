@@ -237,3 +237,38 @@ fn max_collectives_use_the_chooser_rule() {
     got.sort_by_key(|o| o.name());
     assert_eq!(got, [ag.clone(), ag, sum]);
 }
+
+#[test]
+fn backward_instructions_get_the_forward_scope_marked_grad() {
+    let b = Builder::new();
+    let x = b.param("x", f64s(&[3]));
+    let w = b.param("w", f64s(&[3]));
+    let y = {
+        let _s = b.scope("layer0");
+        x.mul(&w).exp()
+    };
+    let loss = {
+        let _s = b.scope("loss");
+        y.sum_all()
+    };
+    b.output("loss", &loss);
+    let p = b.finish();
+    let g = checked_grad(&p, "loss", &["w"]);
+    // The forward keeps its scopes.
+    for i in 0..p.len() {
+        assert_eq!(g.scope(ValueId(i as u32)), p.scope(ValueId(i as u32)));
+    }
+    let tail: Vec<(String, bool)> = (p.len()..g.len())
+        .map(|i| {
+            let s = g.scope(ValueId(i as u32));
+            (s.path.clone(), s.grad)
+        })
+        .collect();
+    assert!(tail.iter().all(|(_, grad)| *grad), "{tail:?}");
+    assert!(tail.iter().any(|(p, _)| p == "layer0"), "{tail:?}");
+    assert!(tail.iter().any(|(p, _)| p == "loss"), "{tail:?}");
+    // The gradient of `w` is computed by the backward pass of its user in `layer0`.
+    let gw = g.scope(g.output("grad_w").unwrap());
+    assert!(gw.grad);
+    assert_eq!(gw.path, "layer0");
+}

@@ -13,6 +13,10 @@ use crate::infer::infer_type;
 use crate::mesh::{Mesh, Sharding};
 use crate::op::{BinaryOp, CompareOp, DotDims, Literal, Op, ReduceOp, RngDist, UnaryOp};
 use crate::program::{Instr, Program, ValueId};
+use crate::scope::ScopeId;
+
+mod scoped;
+pub use scoped::ScopeGuard;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -20,6 +24,8 @@ use std::rc::Rc;
 struct State {
     prog: Program,
     next_stream: u64,
+    /// The scope new instructions get.
+    scope: ScopeId,
 }
 
 /// Builds one [`Program`]. Cheap to clone (a shared handle).
@@ -68,7 +74,11 @@ impl Builder {
             .max()
             .unwrap_or(0);
         Builder {
-            st: Rc::new(RefCell::new(State { prog, next_stream })),
+            st: Rc::new(RefCell::new(State {
+                prog,
+                next_stream,
+                scope: ScopeId::ROOT,
+            })),
         }
     }
 
@@ -123,11 +133,13 @@ impl Builder {
             .collect();
         let refs: Vec<&Type> = tys.iter().collect();
         let ty = infer_type(&op, &refs, declared.as_ref(), st.prog.mesh.as_ref())?;
+        let scope = st.scope;
         let id = st.prog.push(Instr {
             op,
             operands: operands.iter().map(|v| v.id).collect(),
             ty,
             sharding: None,
+            scope,
         });
         Ok(Value {
             id,

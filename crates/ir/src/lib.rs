@@ -12,10 +12,11 @@ pub mod infer;
 pub mod mesh;
 pub mod op;
 pub mod program;
+pub mod scope;
 pub mod text;
 pub mod verify;
 
-pub use builder::{Builder, Value};
+pub use builder::{Builder, ScopeGuard, Value};
 pub use dtype::{strides, DType, Type};
 pub use error::{MeshError, ParseError, ShapeError, VerifyError};
 pub use infer::infer_type;
@@ -25,4 +26,5 @@ pub use op::{
     RngDist, UnaryOp,
 };
 pub use program::{Instr, Program, ValueId};
+pub use scope::{Scope, ScopeId, Scopes};
 pub use verify::verify;

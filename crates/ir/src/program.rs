@@ -3,6 +3,7 @@
 use crate::dtype::Type;
 use crate::mesh::{Mesh, Sharding};
 use crate::op::{Literal, Op};
+use crate::scope::{Scope, ScopeId, Scopes};
 use std::fmt;
 
 /// Index of an instruction (and of the value it defines) in its program.
@@ -21,23 +22,57 @@ impl fmt::Display for ValueId {
     }
 }
 
-/// One instruction: an op, its operands (earlier values), its result type and an optional
-/// sharding (a user annotation before propagation; every value's layout after it).
+/// One instruction: an op, its operands (earlier values), its result type, an optional
+/// sharding (a user annotation before propagation; every value's layout after it) and its
+/// scope in the program's [`Scopes`] table (metadata: where the model code made it).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Instr {
     pub op: Op,
     pub operands: Vec<ValueId>,
     pub ty: Type,
     pub sharding: Option<Sharding>,
+    pub scope: ScopeId,
 }
 
 /// A whole computation: instructions in SSA order (operands always precede their users),
-/// named outputs, and the mesh that shardings and collectives refer to.
-#[derive(Clone, Debug, PartialEq, Default)]
+/// named outputs, the mesh that shardings and collectives refer to, and the table of the
+/// instructions' scopes.
+///
+/// Equality compares scopes by path and marker, not by id: a program equals its printed
+/// and re-parsed self even when the table lists its scopes in another order.
+#[derive(Clone, Debug, Default)]
 pub struct Program {
     pub instrs: Vec<Instr>,
     pub outputs: Vec<(String, ValueId)>,
     pub mesh: Option<Mesh>,
+    pub scopes: Scopes,
+}
+
+impl PartialEq for Program {
+    fn eq(&self, other: &Program) -> bool {
+        let same_instr = |a: &Instr, b: &Instr| {
+            let Instr {
+                op,
+                operands,
+                ty,
+                sharding,
+                scope,
+            } = a;
+            *op == b.op
+                && *operands == b.operands
+                && *ty == b.ty
+                && *sharding == b.sharding
+                && self.scopes.get(*scope) == other.scopes.get(b.scope)
+        };
+        self.mesh == other.mesh
+            && self.outputs == other.outputs
+            && self.instrs.len() == other.instrs.len()
+            && self
+                .instrs
+                .iter()
+                .zip(&other.instrs)
+                .all(|(a, b)| same_instr(a, b))
+    }
 }
 
 impl Program {
@@ -57,6 +92,11 @@ impl Program {
 
     pub fn ty(&self, v: ValueId) -> &Type {
         &self.instrs[v.index()].ty
+    }
+
+    /// The scope of value `v`.
+    pub fn scope(&self, v: ValueId) -> &Scope {
+        self.scopes.get(self.instrs[v.index()].scope)
     }
 
     pub fn len(&self) -> usize {

@@ -347,13 +347,13 @@ fn syntax_errors_point_at_the_token_and_say_what_was_expected() {
         "%0 = f32[] parameter(\"x\") ,",
         1,
         27,
-        "expected an attribute `name=value`, a sharding `@{...}` or end of line, found `,`",
+        "expected an attribute `name=value`, a sharding `@{...}`, a scope `\"path\"` or end of line, found `,`",
     );
     fails(
         "%0 = f32[] parameter(\"x\") @{} dim=1",
         1,
         31,
-        "expected end of line after the sharding, found `dim`",
+        "expected a scope `\"path\"` or end of line after the sharding, found `dim`",
     );
     fails(
         "%0 = f32[] parameter(\"x\") ; oops",
@@ -820,5 +820,61 @@ output "y" = %y
         2,
         17,
         "dims [1, 1] must be distinct dims of f32[2,8,3]",
+    );
+}
+
+#[test]
+fn scopes_print_as_metadata_and_parse_back() {
+    let b = Builder::with_mesh(Mesh::new(&[("data", 2)]).unwrap());
+    let x = b.param("x", Type::new(DType::F32, [4, 8]));
+    let y = {
+        let _enc = b.scope("encoder");
+        let _l = b.scope("layer1");
+        x.exp()
+    };
+    let z = {
+        let g = b.grad_scope(b.current_scope());
+        let prev = b.set_scope(g);
+        let z = y.neg();
+        b.set_scope(prev);
+        z
+    };
+    let w = {
+        let _s = b.enter(ir::Scope {
+            path: "encoder/layer1".into(),
+            grad: true,
+        });
+        z.abs()
+    };
+    b.output("w", &w);
+    let p = b.finish();
+    let text = print(&p);
+    assert_eq!(
+        text,
+        "mesh [data=2]
+%0 = f32[4,8] parameter(\"x\")
+%1 = f32[4,8] exp(%0) \"encoder/layer1\"
+%2 = f32[4,8] neg(%1) \"\" grad
+%3 = f32[4,8] abs(%2) \"encoder/layer1\" grad
+output \"w\" = %3
+"
+    );
+    let q = parse(&text).unwrap();
+    assert_eq!(q, p);
+    assert_eq!(q.scope(ir::ValueId(3)).path, "encoder/layer1");
+    assert!(q.scope(ir::ValueId(3)).grad);
+    // A different scope is a different program; the ids may differ, the paths decide.
+    let other = parse(&text.replace("\"encoder/layer1\" grad", "\"encoder/layer2\" grad")).unwrap();
+    assert_ne!(other, p);
+    let reordered = parse(&text.replace("exp(%0) \"encoder/layer1\"", "exp(%0)")).unwrap();
+    assert_ne!(reordered, p);
+    // Sharding then scope; a scope takes no attributes after it.
+    let s = canonical("mesh [a=2]\n%x = f32[4] parameter(\"x\") @{a} \"in/x\"\n");
+    assert!(s.contains("@{a} \"in/x\""), "{s}");
+    fails(
+        "%0 = f32[] parameter(\"x\") \"s\" dim=1",
+        1,
+        31,
+        "expected `grad` or end of line after the scope, found `dim`",
     );
 }

@@ -225,11 +225,20 @@ impl Gen {
         let tys: Vec<&Type> = operands.iter().map(|&o| self.p.ty(o)).collect();
         let ty = infer_type(&op, &tys, declared.as_ref(), self.p.mesh.as_ref())
             .unwrap_or_else(|e| panic!("generator bug: {e}"));
+        // Scopes (metadata) vary with the position: the root, nested paths, the `grad`
+        // marker, a path that needs escapes; interned in another order than a parse would.
+        const PATHS: [&str; 5] = ["", "encoder/layer1/attn", "moe", "a \"b\"\\c/d", "x"];
+        let k = (self.p.len() * 7 + self.unique) % (2 * PATHS.len());
+        let scope = self.p.scopes.intern(ir::Scope {
+            path: PATHS[k % PATHS.len()].to_string(),
+            grad: k >= PATHS.len(),
+        });
         self.p.push(Instr {
             op,
             operands,
             ty,
             sharding: None,
+            scope,
         })
     }
 

@@ -499,6 +499,7 @@ pub fn moe_layer(
         }
         None => (x.clone(), wg.clone(), wi.clone(), wo.clone(), extra),
     };
+    let scope = b.scope("gating");
     let (logits, gating) = match gate {
         Gate::Top2(cfg) => {
             let logits = b.einsum("GSM,ME->GSE", &[&x, &wg]);
@@ -568,6 +569,8 @@ pub fn moe_layer(
             (logits, Routing::Hierarchical(r))
         }
     };
+    drop(scope);
+    let scope = b.scope("dispatch");
     let mut xin = b.einsum("GSEC,GSM->EGCM", &[gating.dispatch(), &x]);
     // The expert buffers: E split over the expert axes, G over the remaining group axes.
     let buffers = sharding.map(|s| {
@@ -586,12 +589,16 @@ pub fn moe_layer(
     if let Some((e, rest, _)) = &buffers {
         xin = mesh_split(&xin, &[e, rest, &[], &[]])?;
     }
+    drop(scope);
+    let scope = b.scope("experts");
     let hidden = act.apply(&b.einsum("EGCM,EMH->EGCH", &[&xin, &wi]));
     let mut yout = b.einsum("EGCH,EHM->EGCM", &[&hidden, &wo]);
     if let Some((e, rest, _)) = &buffers {
         yout = mesh_split(&yout, &[e, rest, &[], &[]])?;
     }
     let expert_outputs = yout.clone();
+    drop(scope);
+    let _scope = b.scope("combine");
     if let Some((_, _, g)) = &buffers {
         yout = mesh_split(&yout, &[&[], g, &[], &[]])?;
     }

@@ -48,9 +48,11 @@ impl Params {
         }
     }
 
-    /// Run `f` with `name` pushed onto the prefix.
+    /// Run `f` with `name` pushed onto the prefix, and inside the builder's scope `name`:
+    /// parameters are named by the same path as the instructions that use them.
     pub fn scope<T>(&mut self, name: &str, f: impl FnOnce(&mut Params) -> T) -> T {
         self.prefix.push(name.to_string());
+        let _scope = self.b.scope(name);
         let r = f(self);
         self.prefix.pop();
         r

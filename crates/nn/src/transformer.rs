@@ -259,10 +259,12 @@ impl<'a> Ctx<'a> {
     ) -> Result<Value, ShardingError> {
         let cfg = self.cfg;
         let s = src.shape()[1];
+        let embed_scope = src.builder().scope("encoder/embed");
         let x = embed(table, src)
             .mul((cfg.model_dim as f64).sqrt())
             .add(&positions(src.builder(), cfg, s, pos));
         let mut x = self.annotate_batch(&dropout(&x, cfg.dropout, self.seed.as_ref()))?;
+        drop(embed_scope);
         for l in 0..cfg.enc_layers {
             x = p.scope("encoder", |p| {
                 p.scope(&format!("layer{l}"), |p| self.block(p, &x, l, mask, None))
@@ -280,6 +282,7 @@ impl<'a> Ctx<'a> {
         tgt_table: &Value,
     ) -> Result<Value, ShardingError> {
         let m = self.cfg.model_dim;
+        let _scope = p.b.scope("encoder/embed");
         match self.cfg.src_vocab {
             Some(v) => p.param(
                 "src_embed",
@@ -306,6 +309,9 @@ fn positions(b: &Builder, cfg: &TransformerConfig, len: usize, pos: Option<&Valu
 /// The target embedding table `embed [V,M]` (replicated).
 pub(crate) fn tgt_table(p: &mut Params, cfg: &TransformerConfig) -> Result<Value, ShardingError> {
     let m = cfg.model_dim;
+    // Its own scope (the name stays `embed`): the table is shared by the encoder, the
+    // decoder and the softmax, and its summed gradient is reduced here.
+    let _scope = p.b.scope("embed");
     p.param(
         "embed",
         &[cfg.vocab, m],
@@ -390,6 +396,7 @@ pub fn build(
     } else {
         None
     };
+    let embed_scope = b.scope("decoder/embed");
     let mut y = embed(&tgt_table, &tgt_in).mul(scale).add(&positions(
         b,
         cfg,
@@ -397,6 +404,7 @@ pub fn build(
         packed.as_ref().map(|(_, (_, pos))| pos),
     ));
     y = cx.annotate_batch(&dropout(&y, cfg.dropout, cx.seed.as_ref()))?;
+    drop(embed_scope);
     let causal = match &packed {
         None => AttnMask {
             causal: true,
@@ -416,6 +424,7 @@ pub fn build(
     let y = p.scope("decoder", |p| {
         p.scope("final_norm", |p| rms_norm(p, &y, 1e-6))
     })?;
+    let _output_scope = b.scope("output");
     let logits = b.einsum("BTM,VM->BTV", &[&y, &tgt_table]);
     let logits = cx.annotate_batch(&logits)?;
     let (ce, _) = cross_entropy(

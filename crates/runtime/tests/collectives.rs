@@ -348,12 +348,14 @@ fn collective_without_mesh_is_an_error() {
         operands: vec![],
         ty: Type::new(DType::F32, vec![2]),
         sharding: None,
+        scope: ir::ScopeId::ROOT,
     });
     let y = p.push(ir::Instr {
         op: Op::all_reduce(ReduceOp::Sum, axes(&["x"])),
         operands: vec![x],
         ty: Type::new(DType::F32, vec![2]),
         sharding: None,
+        scope: ir::ScopeId::ROOT,
     });
     p.outputs.push(("y".into(), y));
     let ins = inputs(vec![("x", HostTensor::from_f32(vec![2], vec![1., 2.]))]);

@@ -90,6 +90,7 @@ fn verify_failure_is_wrapped() {
         operands: vec![],
         ty: Type::new(DType::I32, vec![2]),
         sharding: None,
+        scope: ir::ScopeId::ROOT,
     });
     // exp is float-only.
     let y = p.push(Instr {
@@ -97,6 +98,7 @@ fn verify_failure_is_wrapped() {
         operands: vec![x],
         ty: Type::new(DType::I32, vec![2]),
         sharding: None,
+        scope: ir::ScopeId::ROOT,
     });
     p.outputs.push(("y".into(), y));
     let e = run(

@@ -10,4 +10,4 @@ pub mod propagate;
 pub mod rules;
 
 pub use annotate::{mesh_split, replicate, shard, split, ShardingError};
-pub use propagate::propagate;
+pub use propagate::{propagate, propagate_explained, provenance_chain, Provenance};

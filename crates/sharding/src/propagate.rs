@@ -10,7 +10,7 @@
 
 use crate::algebra::improve;
 use crate::rules::{backward, forward, Ctx};
-use ir::{Program, Sharding};
+use ir::{Program, Sharding, ValueId};
 use thiserror::Error;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -27,8 +27,59 @@ pub enum PropagateError {
     AlreadyPartitioned { index: usize, op: String },
 }
 
+/// How propagation decided a value's sharding (the last step that changed it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provenance {
+    /// The input program's own annotation (the user's, or an earlier pass's).
+    Annotated,
+    /// The forward rule of the value's op, from its operand `from`, at aggressiveness
+    /// `level` (0-3, see [`crate::rules`]).
+    Forward { level: u8, from: Option<ValueId> },
+    /// The backward rule of `user`, whose operand `operand` the value is, at `level`.
+    Backward {
+        level: u8,
+        user: ValueId,
+        operand: usize,
+    },
+    /// Nothing reached the value: replicated.
+    Default,
+}
+
+impl Provenance {
+    /// The value this decision was taken from, if any.
+    pub fn source(&self) -> Option<ValueId> {
+        match *self {
+            Provenance::Forward { from, .. } => from,
+            Provenance::Backward { user, .. } => Some(user),
+            Provenance::Annotated | Provenance::Default => None,
+        }
+    }
+}
+
+/// The values a sharding came from, starting at `v`: each step's [`Provenance::source`]
+/// until an annotated value (last) or a value with no source. Walks at most once per value,
+/// so a cycle of decisions ends.
+pub fn provenance_chain(prov: &[Provenance], v: ValueId) -> Vec<ValueId> {
+    let mut seen = vec![false; prov.len()];
+    let mut chain = vec![v];
+    let mut cur = v;
+    while let Some(next) = prov.get(cur.index()).and_then(Provenance::source) {
+        if next.index() >= prov.len() || std::mem::replace(&mut seen[next.index()], true) {
+            break;
+        }
+        chain.push(next);
+        cur = next;
+    }
+    chain
+}
+
 /// Complete the shardings of `p`. The result has a sharding on every instruction.
 pub fn propagate(p: &Program) -> Result<Program, PropagateError> {
+    propagate_explained(p).map(|(q, _)| q)
+}
+
+/// [`propagate`], and for every value how its sharding was decided.
+pub fn propagate_explained(p: &Program) -> Result<(Program, Vec<Provenance>), PropagateError> {
     let Some(mesh) = p.mesh.clone() else {
         if let Some((i, ins)) = p
             .instrs
@@ -45,7 +96,7 @@ pub fn propagate(p: &Program) -> Result<Program, PropagateError> {
         for ins in &mut out.instrs {
             ins.sharding = Some(Sharding::replicated(ins.ty.rank()));
         }
-        return Ok(out);
+        return Ok((out, vec![Provenance::Default; p.len()]));
     };
     for (i, ins) in p.instrs.iter().enumerate() {
         if ins.op.is_device_dependent() {
@@ -66,6 +117,16 @@ pub fn propagate(p: &Program) -> Result<Program, PropagateError> {
     let n = p.instrs.len();
     let fixed: Vec<bool> = p.instrs.iter().map(|x| x.sharding.is_some()).collect();
     let mut cur: Vec<Option<Sharding>> = p.instrs.iter().map(|x| x.sharding.clone()).collect();
+    let mut prov: Vec<Provenance> = fixed
+        .iter()
+        .map(|&f| {
+            if f {
+                Provenance::Annotated
+            } else {
+                Provenance::Default
+            }
+        })
+        .collect();
     for level in 0..=3u8 {
         loop {
             let mut changed = false;
@@ -85,6 +146,10 @@ pub fn propagate(p: &Program) -> Result<Program, PropagateError> {
                 if let Some(c) = cand {
                     if let Some(new) = improve(cur[i].as_ref(), &c, &mesh) {
                         cur[i] = Some(new);
+                        prov[i] = Provenance::Forward {
+                            level,
+                            from: forward_source(p, &cur, i),
+                        };
                         changed = true;
                     }
                 }
@@ -114,6 +179,11 @@ pub fn propagate(p: &Program) -> Result<Program, PropagateError> {
                         }
                         if let Some(new) = improve(cur[o].as_ref(), &c, &mesh) {
                             cur[o] = Some(new);
+                            prov[o] = Provenance::Backward {
+                                level,
+                                user: ValueId(i as u32),
+                                operand: k,
+                            };
                             changed = true;
                         }
                     }
@@ -128,5 +198,21 @@ pub fn propagate(p: &Program) -> Result<Program, PropagateError> {
     for (ins, s) in out.instrs.iter_mut().zip(cur) {
         ins.sharding = Some(s.unwrap_or_else(|| Sharding::replicated(ins.ty.rank())));
     }
-    Ok(out)
+    Ok((out, prov))
+}
+
+/// The operand a forward rule most plausibly took `i`'s sharding from: the first whose
+/// sharding splits something, else the first that has one.
+fn forward_source(p: &Program, cur: &[Option<Sharding>], i: usize) -> Option<ValueId> {
+    let ops = &p.instrs[i].operands;
+    let has = |o: &&ValueId| cur[o.index()].is_some();
+    let splits = |o: &&ValueId| {
+        cur[o.index()]
+            .as_ref()
+            .is_some_and(|s| s.dims.iter().any(|d| !d.is_empty()) || !s.partial.is_empty())
+    };
+    ops.iter()
+        .find(splits)
+        .or_else(|| ops.iter().find(has))
+        .copied()
 }

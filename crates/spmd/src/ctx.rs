@@ -4,13 +4,18 @@
 
 use crate::error::SpmdError;
 use crate::pv::PartitionedValue;
-use ir::{BinaryOp, Builder, CompareOp, DType, Literal, Mesh, Op, Sharding, Type, Value, ValueId};
+use crate::why::{Emitted, Moved, Reshard};
+use ir::{
+    BinaryOp, Builder, CompareOp, DType, Literal, Mesh, Op, Program, Scopes, Sharding, Type, Value,
+    ValueId,
+};
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 pub struct Ctx {
     pub b: Builder,
     pub mesh: Mesh,
-    /// The global instruction being partitioned (for error messages).
+    /// The global instruction being partitioned (for error messages and causes).
     pub at: usize,
     pid: Option<Value>,
     ranks: HashMap<Vec<String>, Value>,
@@ -19,18 +24,51 @@ pub struct Ctx {
     /// it: an add or subtract of such values sums the local parts and reduces once (the
     /// reductions it leaves unused are pruned).
     pub(crate) partial_sums: HashMap<usize, PartitionedValue>,
+    /// The current instruction's operands: global ids and the local values they are.
+    pub(crate) operands: Vec<(ValueId, ValueId)>,
+    /// The local result of the current instruction's handler, before the final reshard.
+    pub(crate) handler_result: Option<ValueId>,
+    /// The reshard in progress, if any: what the collectives emitted now are for.
+    pub(crate) resharding: Option<Reshard>,
+    /// Every collective emitted, with why (filled by `emit`, which takes `&self`).
+    pub(crate) emitted: RefCell<Vec<Emitted>>,
 }
 
 impl Ctx {
-    pub fn new(mesh: Mesh) -> Ctx {
+    /// A context whose program shares `scopes` (so a global instruction's scope id is valid
+    /// in the per-device program).
+    pub fn new(mesh: Mesh, scopes: Scopes) -> Ctx {
+        let prog = Program {
+            mesh: Some(mesh.clone()),
+            scopes,
+            ..Program::default()
+        };
         Ctx {
-            b: Builder::with_mesh(mesh.clone()),
+            b: Builder::from_program(prog),
             mesh,
             at: 0,
             pid: None,
             ranks: HashMap::new(),
             reshard_cache: HashMap::new(),
             partial_sums: HashMap::new(),
+            operands: Vec::new(),
+            handler_result: None,
+            resharding: None,
+            emitted: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// What a reshard of the local value `v` moves for the current instruction.
+    pub(crate) fn moved_here(&self, v: ValueId) -> Moved {
+        if self.handler_result == Some(v) {
+            return Moved::Result;
+        }
+        match self.operands.iter().position(|&(_, local)| local == v) {
+            Some(position) => Moved::Operand {
+                position,
+                value: self.operands[position].0,
+            },
+            None => Moved::Internal,
         }
     }
 
@@ -41,12 +79,22 @@ impl Ctx {
         operands: &[&Value],
         declared: Option<Type>,
     ) -> Result<Value, SpmdError> {
-        self.b
+        let collective = op.is_collective();
+        let v = self
+            .b
             .try_emit(op, operands, declared)
             .map_err(|e| SpmdError::Internal {
                 index: self.at,
                 msg: e.to_string(),
-            })
+            })?;
+        if collective {
+            self.emitted.borrow_mut().push(Emitted {
+                local: v.id,
+                serves: ValueId(self.at as u32),
+                reshard: self.resharding.clone(),
+            });
+        }
+        Ok(v)
     }
 
     pub fn i32(&self, v: i64) -> Value {

@@ -15,12 +15,15 @@ pub mod layout;
 pub mod pv;
 pub mod report;
 pub mod reshard;
+pub mod why;
 
 pub use error::SpmdError;
 pub use layout::{shard_ranges, DimRange};
 pub use pv::PartitionedValue;
 
 use ir::{Program, Sharding, Type};
+use sharding::Provenance;
+pub use why::CollectiveCause;
 
 /// A named program input or output: its global type and how it is laid out.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,16 +33,25 @@ pub struct IoLayout {
     pub sharding: Sharding,
 }
 
-/// The per-device program with the layouts of its parameters and outputs.
+/// The per-device program with the layouts of its parameters and outputs, and why each of
+/// its collectives is there (in program order).
 #[derive(Clone, Debug)]
 pub struct Partitioned {
     pub program: Program,
     pub params: Vec<IoLayout>,
     pub outputs: Vec<IoLayout>,
+    pub causes: Vec<CollectiveCause>,
 }
 
-/// Partition a program whose every instruction has a sharding (see `sharding::propagate`).
+/// Partition a program whose every instruction has a sharding (see `sharding::propagate`);
+/// every sharding counts as annotated.
 pub fn partition(p: &Program) -> Result<Partitioned, SpmdError> {
+    partition_explained(p, &vec![Provenance::Annotated; p.len()])
+}
+
+/// [`partition`] a propagated program, with how each of its shardings was decided
+/// (`sharding::propagate_explained`), which the collectives' causes cite.
+pub fn partition_explained(p: &Program, prov: &[Provenance]) -> Result<Partitioned, SpmdError> {
     let mesh = p.mesh.clone().ok_or(SpmdError::NoMesh)?;
     for (i, ins) in p.instrs.iter().enumerate() {
         if ins.op.is_device_dependent() {
@@ -55,16 +67,23 @@ pub fn partition(p: &Program) -> Result<Partitioned, SpmdError> {
             });
         }
     }
-    let mut ctx = ctx::Ctx::new(mesh);
+    let mut ctx = ctx::Ctx::new(mesh, p.scopes.clone());
     let mut vals: Vec<PartitionedValue> = Vec::with_capacity(p.len());
     let mut params = Vec::new();
     for (i, ins) in p.instrs.iter().enumerate() {
         ctx.at = i;
+        // What the partitioner emits for an instruction has the instruction's scope.
+        ctx.b.set_scope(ins.scope);
+        ctx.operands.clear();
+        ctx.operands
+            .extend(ins.operands.iter().map(|o| (*o, vals[o.index()].local.id)));
+        ctx.handler_result = None;
         let target = ins.sharding.clone().unwrap();
         let pv = handlers::partition_instr(&mut ctx, p, i, &vals)?;
         if !pv.sharding.partial.is_empty() && pv.sharding.dims == target.dims {
             ctx.partial_sums.insert(i, pv.clone());
         }
+        ctx.handler_result = Some(pv.local.id);
         let pv = reshard::reshard(&mut ctx, &pv, &target)?;
         if let ir::Op::Parameter { name } = &ins.op {
             params.push(IoLayout {
@@ -86,7 +105,8 @@ pub fn partition(p: &Program) -> Result<Partitioned, SpmdError> {
         });
     }
     let mut program = ctx.b.program();
-    program.prune();
+    let map = program.prune();
+    let causes = why::complete(p, prov, ctx.emitted.take(), &map);
     debug_assert!(
         ir::verify(&program).is_ok(),
         "{}",
@@ -96,10 +116,12 @@ pub fn partition(p: &Program) -> Result<Partitioned, SpmdError> {
         program,
         params,
         outputs,
+        causes,
     })
 }
 
 /// Propagate shardings from the annotations, then partition.
 pub fn compile(p: &Program) -> Result<Partitioned, SpmdError> {
-    partition(&sharding::propagate(p)?)
+    let (q, prov) = sharding::propagate_explained(p)?;
+    partition_explained(&q, &prov)
 }

@@ -362,8 +362,51 @@ pub fn reshard(
         return Ok(hit.clone());
     }
     let g = &pv.global.shape;
-    let mut x = pv.local.clone();
-    for step in plan(g, &pv.sharding, t, &ctx.mesh.clone()) {
+    let steps = plan(g, &pv.sharding, t, &ctx.mesh.clone());
+    let outer = ctx.resharding.take();
+    ctx.resharding = Some(crate::why::Reshard {
+        moved: outer
+            .as_ref()
+            .map(|r| r.moved)
+            .unwrap_or_else(|| ctx.moved_here(pv.local.id)),
+        from: pv.sharding.clone(),
+        to: t.clone(),
+        global: pv.global.clone(),
+        gathers_whole: gathers_whole(&pv.sharding, t, &steps),
+    });
+    let result = emit_steps(ctx, pv, steps, pv.local.clone());
+    ctx.resharding = outer;
+    let x = result?;
+    let out = PartitionedValue {
+        local: x,
+        global: pv.global.clone(),
+        sharding: t.clone(),
+    };
+    ctx.reshard_cache.insert(key, out.clone());
+    Ok(out)
+}
+
+/// Whether a reshard from `s` to `t` gathers a split value whole (`t` splits nothing that
+/// `s` split, holds no partial sums) through an all-gather.
+fn gathers_whole(s: &Sharding, t: &Sharding, steps: &[Step]) -> bool {
+    let split = |x: &Sharding| x.dims.iter().any(|d| !d.is_empty());
+    split(s)
+        && !split(t)
+        && t.partial.is_empty()
+        && steps
+            .iter()
+            .any(|st| matches!(st, Step::AllGather { .. } | Step::GatherWholeAndTrim { .. }))
+}
+
+/// Emit `steps` on `x` (the local form of `pv`); returns the result.
+fn emit_steps(
+    ctx: &mut Ctx,
+    pv: &PartitionedValue,
+    steps: Vec<Step>,
+    mut x: ir::Value,
+) -> Result<ir::Value, SpmdError> {
+    let g = &pv.global.shape;
+    for step in steps {
         let ty = x.ty();
         let one = |a: &String| vec![a.clone()];
         x = match step {
@@ -455,13 +498,7 @@ pub fn reshard(
             }
         };
     }
-    let out = PartitionedValue {
-        local: x,
-        global: pv.global.clone(),
-        sharding: t.clone(),
-    };
-    ctx.reshard_cache.insert(key, out.clone());
-    Ok(out)
+    Ok(x)
 }
 
 /// Dynamic slice of `x` with the given start along `dim` (0 elsewhere).

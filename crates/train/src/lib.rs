@@ -10,6 +10,7 @@ pub mod data;
 pub mod memory;
 pub mod metrics;
 pub mod optim;
+pub mod pictures;
 pub mod plots;
 pub mod scores;
 pub mod tokenizer;

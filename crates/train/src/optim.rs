@@ -511,6 +511,9 @@ impl Optimizer {
         } else {
             DType::F32
         };
+        // The update has its own scope: `optimizer` for the shared scalars,
+        // `optimizer/<param>` for each weight's update.
+        let optimizer_scope = b.scope("optimizer");
         let step = state_param(b, &prog, STEP, &Type::scalar(DType::I32));
         let t = step.convert(sdt).add(1.0);
         let lr = self.lr().emit(&t);
@@ -534,6 +537,7 @@ impl Optimizer {
         };
 
         for (spec, (pid, gid)) in params.iter().zip(found) {
+            let _weight_scope = b.scope(&spec.name);
             let p = b.value(pid);
             let g = b.value(gid);
             let annotation = prog.instr(pid).sharding.clone();
@@ -575,6 +579,7 @@ impl Optimizer {
         }
         b.output(&new_name(STEP), &step.add(1.0));
         b.output(LR_OUTPUT, &lr);
+        drop(optimizer_scope);
         Ok(())
     }
 }

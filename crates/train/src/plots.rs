@@ -8,7 +8,7 @@ use std::sync::Once;
 
 static FONT: Once = Once::new();
 
-fn register_font() {
+pub(crate) fn register_font() {
     FONT.call_once(|| {
         let _ = plotters::style::register_font(
             "sans-serif",

@@ -107,6 +107,7 @@ fn killed_run_resumes_to_the_same_loss_curve() {
         "tokenizer.json",
         "loss.png",
         "expert_load.png",
+        "expert_placement.png",
     ] {
         assert!(full.join(f).exists(), "{f} missing");
     }

@@ -1,7 +1,8 @@
 //! `gshard export`: write ready-made programs as text. `moe-layer` is one GShard top-2 MoE
 //! layer with its loss and gradients, annotated with GShard's 1-D layout (groups and experts
 //! split over mesh axis `expert`), so `gshard run` reproduces the JAX vectors in
-//! `testdata/moe-top2` on one device or with `--mesh expert=N`.
+//! `testdata/moe-top2` on one device or with `--mesh expert=N`. `train-step` is the training
+//! step of a run config (forward, loss, gradients, optimizer update), for `gshard inspect`.
 
 use crate::files;
 use anyhow::{bail, Context, Result};
@@ -20,6 +21,21 @@ pub struct Args {
 enum What {
     /// One GShard top-2 MoE layer: forward, loss = sum(y * loss_weight) + 0.01 * aux_loss, gradients.
     MoeLayer(MoeArgs),
+    /// The training step of a run config (default: the main job's), before partitioning.
+    TrainStep(StepArgs),
+}
+
+#[derive(clap::Args)]
+pub struct StepArgs {
+    /// TOML config, as for `gshard train` (default: the main job's).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Vocabulary size (a run's tokenizer decides it; the config's `data.vocab_size` by default).
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// Output file (.gsir).
+    #[arg(short, long)]
+    out: PathBuf,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -105,7 +121,30 @@ pub struct MoeArgs {
 pub fn main(a: Args) -> Result<()> {
     match a.what {
         What::MoeLayer(m) => moe(m),
+        What::TrainStep(s) => train_step(s),
     }
+}
+
+fn train_step(a: StepArgs) -> Result<()> {
+    let cfg = super::train::load_config(a.config.as_deref())?;
+    let vocab = a.vocab.unwrap_or(cfg.data.vocab_size);
+    let step = train::trainer::step_program(&cfg, vocab).context("building the training step")?;
+    let header = format!(
+        "# The training step of {}: forward, loss, gradients, optimizer update (vocabulary {vocab}).\n",
+        a.config
+            .as_ref()
+            .map_or("the main job's config".to_string(), |p| p.display().to_string())
+    );
+    let text = format!("{header}{}", ir::text::print(&step.program));
+    files::write_atomic(&a.out, text.as_bytes())?;
+    println!(
+        "wrote {} ({} instructions, {} parameters, {} MoE layers)",
+        a.out.display(),
+        step.program.len(),
+        step.params.len(),
+        step.moe_layers.len()
+    );
+    Ok(())
 }
 
 fn moe(args: MoeArgs) -> Result<()> {
@@ -181,7 +220,10 @@ pub fn moe_program(a: &MoeLayerArgs) -> Result<(ir::Program, usize, String)> {
         wo: &wo,
     };
     let route = Route::new(&gate).noise(noise.as_ref());
+    let layer_scope = b.scope("moe");
     let out = moe_layer(&x, weights, route, act, Some(&layout))?;
+    drop(layer_scope);
+    let _loss_scope = b.scope("loss");
     let gt = out
         .gating
         .as_top2()

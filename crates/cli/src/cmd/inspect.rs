@@ -1,13 +1,20 @@
 //! `gshard inspect`: show what the partitioner did to a program: the per-device program,
-//! the sharding of every parameter and output, bytes per device, and every collective with
-//! its shape and the bytes it moves. `--json` prints the same as one JSON object.
+//! the sharding of every parameter and output, bytes per device, every collective with its
+//! shape and the bytes it moves, and a summary by scope (FLOPs, bytes per collective kind,
+//! saved activations). `--why` says why each collective is there, grouped by layer;
+//! `--json` prints everything as one JSON object (each collective with its `scope` and
+//! `cause`); `--draw NAME` draws how a value is laid out over the mesh.
 
 use crate::files;
 use crate::mesh_args::MeshArgs;
 use anyhow::{Context, Result};
 use serde_json::json;
 use spmd::report;
+use spmd::report::summary::{self, Grouping};
+use spmd::report::why::{self, WhyOptions};
 use std::path::PathBuf;
+
+mod explain;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,28 +28,39 @@ pub struct Args {
     /// Leave out the per-device program text.
     #[arg(long)]
     no_program: bool,
+    /// Say why each collective is there: the instruction it serves, the shardings that met
+    /// and where they came from, grouped by layer.
+    #[arg(long)]
+    why: bool,
+    /// Flag involuntary full gathers of tensors of at least this many bytes.
+    #[arg(long, default_value_t = WhyOptions::default().min_gather_bytes)]
+    min_gather_bytes: usize,
+    /// Group the summary by the first N segments of the scope path instead of by layer.
+    #[arg(long)]
+    depth: Option<usize>,
+    /// Draw how a value is laid out over the mesh: a parameter or output name, or `%N`.
+    #[arg(long, value_name = "NAME")]
+    draw: Option<String>,
+    /// Where --draw writes its PNG (default: NAME with `/` as `_`, plus `.png`).
+    #[arg(long, requires = "draw")]
+    out: Option<PathBuf>,
 }
 
-pub fn human_bytes(b: usize) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", units[u])
-    }
-}
+pub use spmd::report::human_bytes;
 
 pub fn main(a: Args) -> Result<()> {
     let p = files::read_program(&a.program)?;
     let p = a.mesh.apply(&p)?;
     let part =
         spmd::compile(&p).with_context(|| format!("partitioning {}", a.program.display()))?;
+    if let Some(name) = &a.draw {
+        return explain::draw(&p, &part, name, a.out.as_deref());
+    }
+    let why_opts = WhyOptions {
+        min_gather_bytes: a.min_gather_bytes,
+    };
+    let grouping = a.depth.map_or(Grouping::Layer, Grouping::Depth);
+    let rows = summary::by_scope(&part.program, grouping);
     let mesh = part.program.mesh.clone().expect("partitioned");
     let colls = report::collectives(&part.program);
     let peak = report::peak_bytes(&part.program);
@@ -67,14 +85,8 @@ pub fn main(a: Args) -> Result<()> {
             "param_bytes_per_device": param_bytes,
             "output_bytes_per_device": out_bytes,
             "collective_bytes": colls.iter().map(|c| c.bytes).sum::<usize>(),
-            "collectives": colls.iter().map(|c| json!({
-                "kind": c.kind.replace('_', "-"),
-                "axes": c.axes,
-                "dtype": c.dtype.name(),
-                "shape": c.shape,
-                "bytes": c.bytes,
-                "instruction": c.index,
-            })).collect::<Vec<_>>(),
+            "collectives": why::entries(&part, why_opts).iter().map(|e| explain::collective_json(&part.program, e)).collect::<Vec<_>>(),
+            "summary": rows.iter().map(explain::row_json).collect::<Vec<_>>(),
             "params": layouts(&part.params),
             "outputs": layouts(&part.outputs),
             "instructions": part.program.len(),
@@ -111,15 +123,22 @@ pub fn main(a: Args) -> Result<()> {
         human_bytes(out_bytes),
         human_bytes(peak)
     );
+    println!("# by scope, per device: FLOPs, bytes sent per collective kind, saved activations");
+    print!("{}", summary::text(&rows));
+    if a.why {
+        print!("{}", why::text(&part, why_opts));
+        return Ok(());
+    }
     println!("# collectives ({}), bytes sent per device", colls.len());
     for c in &colls {
         println!(
-            "  %{:<5} {:<18} axes [{}]  {}  {}",
+            "  %{:<5} {:<18} axes [{}]  {}  {}  at {}",
             c.index,
             c.kind,
             c.axes.join(","),
             ir::Type::new(c.dtype, c.shape.clone()),
-            human_bytes(c.bytes)
+            human_bytes(c.bytes),
+            part.program.scope(ir::ValueId(c.index as u32))
         );
     }
     println!(

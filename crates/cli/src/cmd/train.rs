@@ -2,7 +2,8 @@
 //! trains a small MoE Transformer on 8 virtual devices (mesh data=2 x expert=4) for a few
 //! minutes with a progress bar, then prints a report (dev loss, BLEU, expert load) and leaves
 //! a run directory: config.toml, metrics.jsonl, checkpoint.safetensors, tokenizer.json,
-//! loss.png, expert_load.png (heatmaps), dropped.png, dev.hyp / dev.ref.
+//! loss.png, expert_load.png (heatmaps), dropped.png, expert_placement.png, dev.hyp /
+//! dev.ref.
 //!
 //! `mpirun -np N gshard train --backend mpi` trains the same model with one device per rank
 //! (N = the mesh's device count): rank 0 builds or loads the corpus and shares it, trains the

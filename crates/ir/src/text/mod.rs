@@ -16,13 +16,17 @@
 //!
 //! * `mesh` is exactly [`Mesh`](crate::Mesh)'s `Display`, e.g.
 //!   `mesh [a=2, b=2] devices=[3,1,0,2]`.
-//! * An instruction is `%name = TYPE OP(ARGS) KEY=VALUE... @SHARDING`. The type is
+//! * An instruction is `%name = TYPE OP(ARGS) KEY=VALUE... @SHARDING "SCOPE"`. The type is
 //!   `dtype[dims]` (`f32[4,8]`, scalar `f32[]`); the op is [`Op::name`](crate::Op::name);
 //!   the arguments are values, except for `parameter("name")` and `constant(1.5)` /
 //!   `constant([1.0, 2.0])`. Attributes follow as `key=value` (`dims=[0, 1]`, `op=sum`,
 //!   `axes=[data, expert]`, `pairs=[(0,1), (1,0)]`, `exclusive=true`); dot-general omits its
 //!   empty dim lists. The optional sharding is exactly [`Sharding`](crate::Sharding)'s
 //!   `Display`.
+//! * An instruction may end with its scope, metadata that does not change what it computes:
+//!   the path as a string, then `grad` for the backward pass
+//!   (`%y = f32[4] add(%a, %b) @{data} "encoder/layer0/attn" grad`). The root scope is
+//!   not printed.
 //! * `output "name" = %value` names an output.
 //! * Strings escape `\"`, `\\`, `\n`, `\r`, `\t` and other control characters as `\u{1b}`.
 //! * Numbers are printed with `{:?}` (shortest round-trip: `1.0`, `1e-10`, `inf`, `NaN`);

@@ -14,6 +14,7 @@ use crate::infer::infer_type;
 use crate::mesh::Mesh;
 use crate::op::{Literal, Op};
 use crate::program::{Instr, Program, ValueId};
+use crate::scope::{Scope, ScopeId};
 use crate::verify::verify;
 
 /// Parse a program in the text format. Never panics; on error, says where and what was
@@ -202,10 +203,15 @@ impl Parser {
             Some(at_col) => Some((parse_sharding(c)?, at_col)),
             None => None,
         };
-        if sharding.is_some() {
-            c.expect_end("end of line after the sharding")?;
+        let scope = self.scope(c)?;
+        if scope.is_some() {
+            c.expect_end("`grad` or end of line after the scope")?;
+        } else if sharding.is_some() {
+            c.expect_end("a scope `\"path\"` or end of line after the sharding")?;
         } else {
-            c.expect_end("an attribute `name=value`, a sharding `@{...}` or end of line")?;
+            c.expect_end(
+                "an attribute `name=value`, a sharding `@{...}`, a scope `\"path\"` or end of line",
+            )?;
         }
 
         if let Some(n) = op.arity() {
@@ -240,11 +246,29 @@ impl Parser {
             operands,
             ty,
             sharding: sharding.map(|(s, _)| s),
+            scope: scope.unwrap_or(ScopeId::ROOT),
         });
         self.values
             .insert(name.to_string(), (ValueId(index), c.line));
         self.instr_lines.push(c.line);
         Ok(())
+    }
+
+    /// The optional scope at the end of an instruction: `"path"`, then `grad` for the
+    /// backward pass.
+    fn scope(&mut self, c: &mut Cursor) -> Result<Option<ScopeId>, ParseError> {
+        if !matches!(c.peek().tok, Tok::Str(_)) {
+            return Ok(None);
+        }
+        let (path, _) = c.string("a scope path")?;
+        let grad = c.peek().tok == Tok::Ident("grad");
+        if grad {
+            c.bump();
+        }
+        Ok(Some(self.prog.scopes.intern(Scope {
+            path: path.into_owned(),
+            grad,
+        })))
     }
 
     /// The arguments in parentheses (the `(` already consumed) through `)`: the name of a

@@ -83,6 +83,13 @@ impl fmt::Display for InstrLine<'_> {
         if let Some(s) = &ins.sharding {
             write!(f, " @{s}")?;
         }
+        let scope = self.p.scopes.get(ins.scope);
+        if !scope.path.is_empty() || scope.grad {
+            write!(f, " {}", Quoted(&scope.path))?;
+            if scope.grad {
+                f.write_str(" grad")?;
+            }
+        }
         Ok(())
     }
 }

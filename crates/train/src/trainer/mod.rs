@@ -40,7 +40,7 @@ pub use batches::{
 };
 pub use decode::{translate, DecodeMode, DecodeOptions};
 pub use load::{evaluate_pairs, load_run, LoadedRun};
-pub use programs::{build_programs, init_tensor, Programs};
+pub use programs::{build_programs, init_tensor, step_program, Programs, StepProgram};
 pub use programs::{APPLIED, GRAD_NORM};
 pub use run::{config_diff, run, ExpertLoad, ProfileRequest, Report, RunOptions, Sample};
 pub use rundir::{RunDir, RunLock};

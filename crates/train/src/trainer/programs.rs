@@ -24,8 +24,18 @@ pub struct Programs {
     pub partition_seconds: f64,
 }
 
-/// Build and partition the training-step and evaluation programs.
-pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, TrainError> {
+/// The training step of a run before partitioning: forward, loss, gradients, optimizer
+/// update and the non-finite guard, with the model's parameters and MoE layers.
+pub struct StepProgram {
+    pub program: ir::Program,
+    pub params: Vec<ParamSpec>,
+    /// Non-trainable model state (`Programs::buffers`).
+    pub buffers: Vec<ParamSpec>,
+    pub moe_layers: Vec<String>,
+}
+
+/// Build the training step of `cfg` (not partitioned; `gshard export train-step`).
+pub fn step_program(cfg: &TrainConfig, vocab: usize) -> Result<StepProgram, TrainError> {
     let mesh = cfg.mesh()?;
     let model = cfg.transformer(vocab)?;
     let shape = BatchShape {
@@ -34,8 +44,6 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
         tgt_len: cfg.data.max_len,
         packing: cfg.data.packing.into(),
     };
-    let t0 = Instant::now();
-
     let b = Builder::with_mesh(mesh);
     let built = build(&b, &model, &shape, &cfg.layout(), true)?;
     b.output("loss", &built.loss);
@@ -57,12 +65,30 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
     let with_grads = autodiff::grad(&fwd, "loss", &wrt)?;
     let b = Builder::from_program(with_grads);
     cfg.optimizer.append_update(&b, &built.params)?;
-    let mut step_prog = guard_nonfinite(&b, &built.params).map_err(TrainError::Model)?;
+    let mut program = guard_nonfinite(&b, &built.params).map_err(TrainError::Model)?;
     // Keep only what the loop reads: metrics and the new state (the gradients themselves
     // are consumed by the update).
-    step_prog.outputs.retain(|(n, _)| !n.starts_with("grad_"));
-    step_prog.prune();
-    let state = cfg.optimizer.state_specs(&built.params);
+    program.outputs.retain(|(n, _)| !n.starts_with("grad_"));
+    program.prune();
+    Ok(StepProgram {
+        program,
+        params: built.params,
+        buffers: built.buffers,
+        moe_layers,
+    })
+}
+
+/// Build and partition the training-step and evaluation programs.
+pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, TrainError> {
+    let model = cfg.transformer(vocab)?;
+    let t0 = Instant::now();
+    let StepProgram {
+        program: step_prog,
+        params,
+        buffers,
+        moe_layers,
+    } = step_program(cfg, vocab)?;
+    let state = cfg.optimizer.state_specs(&params);
 
     let eval_prog = eval_program(cfg, &model)?;
 
@@ -84,9 +110,9 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
     Ok(Programs {
         step,
         eval,
-        params: built.params,
+        params,
         state,
-        buffers: built.buffers,
+        buffers,
         moe_layers,
         partition_seconds: t0.elapsed().as_secs_f64(),
     })
@@ -112,6 +138,28 @@ pub(super) fn eval_program(
 }
 
 impl Programs {
+    /// Where the experts of every MoE layer live: from the layout of its `wi` weight
+    /// (`[E, M, H]`, experts on dim 0) in the step program.
+    pub fn expert_placement(&self) -> Vec<crate::pictures::Placement> {
+        let Some(mesh) = self.step.program.mesh.as_ref() else {
+            return Vec::new();
+        };
+        self.moe_layers
+            .iter()
+            .filter_map(|layer| {
+                let wi = format!("{layer}/wi");
+                let l = self.step.params.iter().find(|l| l.name == wi)?;
+                let experts = *l.global.shape.first()?;
+                Some(crate::pictures::placement(
+                    layer,
+                    mesh,
+                    &l.sharding,
+                    experts,
+                ))
+            })
+            .collect()
+    }
+
     /// Every parameter, optimizer-state and buffer tensor a checkpoint holds, with its type.
     pub fn state_types(&self) -> Vec<(String, ir::Type)> {
         self.all_state()
@@ -140,6 +188,7 @@ pub const GRAD_NORM: &str = "gradient_norm";
 /// value, so applied steps keep their bits; the outputs [`APPLIED`] and [`GRAD_NORM`] tell
 /// the loop what happened.
 fn guard_nonfinite(b: &Builder, params: &[ParamSpec]) -> Result<ir::Program, String> {
+    let _scope = b.scope("optimizer/guard");
     let prog = b.program();
     let output = |name: &str| {
         prog.output(name)

@@ -641,7 +641,7 @@ pub fn run(
         })
         .collect();
     if root {
-        plots(&rd, &tr.programs.moe_layers)?;
+        plots(&rd, &tr.programs)?;
     }
     let expert_load = tr
         .programs
@@ -672,8 +672,10 @@ pub fn run(
     })
 }
 
-/// loss.png, expert_load.png (heatmaps) and dropped.png from metrics.jsonl.
-fn plots(rd: &RunDir, layers: &[String]) -> Result<(), TrainError> {
+/// loss.png, expert_load.png (heatmaps), dropped.png and expert_placement.png (shaded by
+/// the last measured load) from metrics.jsonl.
+fn plots(rd: &RunDir, programs: &super::programs::Programs) -> Result<(), TrainError> {
+    let layers = &programs.moe_layers;
     let recs = crate::metrics::read(&rd.metrics()).map_err(io(&rd.metrics()))?;
     let mut train = Vec::new();
     let mut dev = Vec::new();
@@ -711,6 +713,13 @@ fn plots(rd: &RunDir, layers: &[String]) -> Result<(), TrainError> {
     if !layers.is_empty() {
         crate::plots::expert_load(&rd.dir.join("expert_load.png"), &load)?;
         crate::plots::dropped(&rd.dir.join("dropped.png"), &dropped)?;
+        let last: Vec<Vec<f64>> = load
+            .iter()
+            .map(|(_, series)| series.last().map(|(_, v)| v.clone()).unwrap_or_default())
+            .collect();
+        let shaded = last.iter().all(|v| !v.is_empty()).then_some(&last[..]);
+        let path = rd.dir.join("expert_placement.png");
+        crate::pictures::draw_placement(&path, &programs.expert_placement(), shaded)?;
     }
     Ok(())
 }

@@ -30,7 +30,7 @@ impl Drop for RunLock {
 }
 
 /// What a run directory holds, for [`RunDir::contents`].
-pub const RUN_FILES: [&str; 9] = [
+pub const RUN_FILES: [&str; 10] = [
     "config.toml",
     "metrics.jsonl",
     "checkpoint.safetensors",
@@ -38,6 +38,7 @@ pub const RUN_FILES: [&str; 9] = [
     "loss.png",
     "expert_load.png",
     "dropped.png",
+    "expert_placement.png",
     "dev.hyp",
     "dev.ref",
 ];

@@ -1,8 +1,28 @@
 //! What the partitioner did, for `gshard inspect`: every collective with its local shape and
-//! bytes moved, and the bytes each device holds for parameters and outputs.
+//! bytes moved, and the bytes each device holds for parameters and outputs; why each
+//! collective is there ([`why`]) and a summary by scope ([`summary`]).
+
+pub mod summary;
+pub mod why;
 
 use crate::Partitioned;
 use ir::Program;
+
+/// A byte count as `512 B`, `1.50 KiB`, `2.00 MiB`.
+pub fn human_bytes(b: usize) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", units[u])
+    }
+}
 
 /// One collective of the per-device program.
 #[derive(Clone, Debug, PartialEq)]
