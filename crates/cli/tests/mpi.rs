@@ -436,6 +436,46 @@ fn mpi_training_equals_in_process_bitwise() {
     }
 }
 
+/// Tensor parallelism and weight-update sharding over MPI: `--mesh data=2,model=2` with the
+/// weights stored split over `data` trains bit for bit as in one process.
+#[test]
+fn mpi_training_with_a_model_axis_equals_in_process_bitwise() {
+    if !mpi_ready("mpi_training_with_a_model_axis_equals_in_process_bitwise") {
+        return;
+    }
+    let dir = tmp("train-model");
+    let data = dir.join("data");
+    write_corpus(&data);
+    let cfg = tiny_config(&dir, &data, 3);
+    let (a, b) = (dir.join("inprocess"), dir.join("mpi"));
+    let cfg_s = cfg.to_str().unwrap();
+    let mesh = ["--mesh", "data=2,model=2", "--shard-weights", "data"];
+    let mut args = vec!["train", "--config", cfg_s, "--out", a.to_str().unwrap()];
+    args.extend(mesh);
+    gshard(&args);
+    let mut c = mpirun(4);
+    c.args(["train", "--config", cfg_s, "--backend", "mpi"])
+        .args(mesh)
+        .arg("--out")
+        .arg(&b);
+    let out = ok(
+        &run(
+            c,
+            Duration::from_secs(600),
+            "mpirun train --mesh data=2,model=2",
+        ),
+        "mpirun train --mesh data=2,model=2",
+    );
+    assert!(out.contains("x model=2"), "{out}");
+    let la = losses(&a);
+    assert_eq!(la.len(), 3, "{la:?}");
+    assert_eq!(la, losses(&b), "loss curves differ between backends");
+    assert_bitwise_equal(
+        &a.join("checkpoint.safetensors"),
+        &b.join("checkpoint.safetensors"),
+    );
+}
+
 /// The device tracks (tids) of a Chrome trace's complete events; checks each has a duration.
 fn trace_devices(path: &Path) -> Vec<u64> {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();

@@ -353,7 +353,7 @@ pub fn run(
         None => {
             crate::memory::check_in_process_devices(
                 cfg.devices(),
-                &format!("mesh data={} x expert={}", cfg.mesh.data, cfg.mesh.expert),
+                &format!("mesh {}", cfg.mesh.describe()),
             )
             .map_err(|m| TrainError::Config(crate::config::ConfigError::Invalid(m)))?;
             Arc::new(InProcess::new(cfg.devices()))
