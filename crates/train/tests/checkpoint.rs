@@ -51,7 +51,7 @@ fn tiny(data: usize, expert: usize) -> TrainConfig {
     c.model.dec_layers = 1;
     c.model.moe_every = 1;
     c.model.experts = 4;
-    c.model.group_size = 16;
+    c.model.group_size = 8;
     c.eval.beam = 1;
     c
 }
