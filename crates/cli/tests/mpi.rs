@@ -470,6 +470,11 @@ fn mpi_checkpoint_resumes_on_8_in_process_devices() {
     let data = dir.join("data");
     write_corpus(&data);
     let cfg = tiny_config(&dir, &data, 3);
+    // Groups of 8 tokens: 8 groups, which divide over 4 devices and over 8.
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("group_size = 16", "group_size = 8");
+    std::fs::write(&cfg, text).unwrap();
     let cfg_s = cfg.to_str().unwrap();
     let (full, cut) = (dir.join("full"), dir.join("cut"));
     gshard(&[
