@@ -71,11 +71,15 @@ fn train(cfg: &TrainConfig, c: &Corpus, dir: &Path) -> (Vec<f64>, HashMap<String
         .filter(|r| r.get("tokens_per_s").is_some())
         .map(|r| r["loss"].as_f64().unwrap())
         .collect();
-    let ck = checkpoint::load(&dir.join("checkpoint.safetensors")).unwrap();
+    let ck = checkpoint::ShardedReader::open(&dir.join("checkpoint")).unwrap();
     let tensors = ck
-        .tensors
-        .iter()
-        .map(|(k, v)| (k.clone(), v.to_f64_vec()))
+        .manifest
+        .types()
+        .into_iter()
+        .map(|(k, _)| {
+            let v = ck.read_whole(&k).unwrap().to_f64_vec();
+            (k, v)
+        })
         .collect();
     (losses, tensors)
 }

@@ -1,7 +1,7 @@
 //! `gshard train`: the main job. With no flags it prepares the default corpus if absent,
 //! trains a small MoE Transformer on 8 virtual devices (mesh data=2 x expert=4) for a few
 //! minutes with a progress bar, then prints a report (dev loss, BLEU, expert load) and leaves
-//! a run directory: config.toml, metrics.jsonl, checkpoint.safetensors, tokenizer.json,
+//! a run directory: config.toml, metrics.jsonl, checkpoint/ (sharded), tokenizer.json,
 //! loss.png, expert_load.png (heatmaps), dropped.png, expert_placement.png, dev.hyp /
 //! dev.ref.
 //!
@@ -46,7 +46,7 @@ pub struct Args {
     #[arg(long)]
     data: Option<String>,
     /// Continue from the run directory's last checkpoint, with the run's own config.toml
-    /// (a --config may change only `steps` and `data.dir`).
+    /// (a --config may change only `steps`, `data.dir` and the mesh).
     #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
     /// Replace the run the directory holds (without it, such a directory is refused).
