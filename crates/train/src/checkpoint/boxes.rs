@@ -138,7 +138,8 @@ mod tests {
 
     #[test]
     fn runs_visit_every_element_of_the_part_once_in_order() {
-        let cases: Vec<(Region, Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>)> = vec![
+        type Case = (Region, Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>);
+        let cases: Vec<Case> = vec![
             // part, a origin, a shape, b origin, b shape
             (
                 Region::whole(&[4, 6]),

@@ -213,13 +213,16 @@ fn exchange(
     Ok(all.into_iter().map(|mut b| b.split_off(1)).collect())
 }
 
+/// A device's shard of a tensor, borrowed or built.
+pub type Shard<'t> = Result<Cow<'t, HostTensor>, CheckpointError>;
+
 /// Save this process's devices' state as part of a sharded checkpoint (collective: every
 /// process calls it). `tensor(j, layout)` is local device `j`'s shard of a tensor (its
 /// padded block). Returns the committed manifest.
 pub fn save_sharded<'t>(
     req: &SaveRequest,
     comm: &dyn Communicator,
-    tensor: &(dyn Fn(usize, &IoLayout) -> Result<Cow<'t, HostTensor>, CheckpointError> + Sync),
+    tensor: &(dyn Fn(usize, &IoLayout) -> Shard<'t> + Sync),
 ) -> Result<Manifest, CheckpointError> {
     let positions = comm.local_positions();
     let crash = |point| -> Result<(), CheckpointError> {
