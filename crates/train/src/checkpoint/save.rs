@@ -87,6 +87,10 @@ fn temporary(name: &str) -> String {
     format!(".{name}.tmp")
 }
 
+/// Local device `j`'s shard of a tensor (its padded block), for [`save_sharded`].
+pub type ShardFn<'t> =
+    dyn Fn(usize, &IoLayout) -> Result<Cow<'t, HostTensor>, CheckpointError> + Sync + 't;
+
 /// What one process wrote: its files and their shards (tensor name, shard).
 #[derive(Serialize, Deserialize, Default)]
 struct Part {
@@ -219,7 +223,7 @@ fn exchange(
 pub fn save_sharded<'t>(
     req: &SaveRequest,
     comm: &dyn Communicator,
-    tensor: &(dyn Fn(usize, &IoLayout) -> Result<Cow<'t, HostTensor>, CheckpointError> + Sync),
+    tensor: &ShardFn<'t>,
 ) -> Result<Manifest, CheckpointError> {
     let positions = comm.local_positions();
     let crash = |point| -> Result<(), CheckpointError> {
