@@ -9,7 +9,7 @@
 //!
 //! `save` builds the state of 8 devices (mesh data=2 x expert=4) of one f32 tensor of
 //! 8192 x 32768 (1 GiB) split over both axes plus a small replicated one, and saves it;
-//! `load` reads it onto 4 devices (data=4: each device 256 MiB, from parts of two saved
+//! `load` reads it onto 4 devices (data=4: each device 256 MiB, from half of each of four saved
 //! shards). Each prints the state's size and the mark before and after.
 
 use ir::{DType, Mesh, Sharding, Type};

@@ -138,9 +138,9 @@ mod tests {
 
     #[test]
     fn runs_visit_every_element_of_the_part_once_in_order() {
+        // part, a origin, a shape, b origin, b shape
         type Case = (Region, Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>);
         let cases: Vec<Case> = vec![
-            // part, a origin, a shape, b origin, b shape
             (
                 Region::whole(&[4, 6]),
                 vec![0, 0],

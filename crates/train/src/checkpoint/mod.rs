@@ -27,7 +27,7 @@ pub mod tools;
 
 pub use manifest::{FileEntry, Manifest, MeshAxisEntry, ShardEntry, TensorEntry, MANIFEST_FORMAT};
 pub use read::{ShardedReader, Source};
-pub use save::{file_name, remove_unreferenced, save_sharded, CrashPoint, SaveRequest};
+pub use save::{file_name, remove_unreferenced, save_sharded, CrashPoint, SaveRequest, ShardFn};
 pub use single::{is_temporary, load, save, Checkpoint};
 
 use std::path::PathBuf;

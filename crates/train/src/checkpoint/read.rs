@@ -110,7 +110,17 @@ impl ShardedReader {
         let w = ty.dtype.size_bytes();
         let padded: Vec<usize> = block.iter().map(|b| b.padded).collect();
         let want = Region::of_block(block);
-        let mut out = vec![0u8; padded.iter().product::<usize>() * w];
+        let n: usize = padded.iter().product();
+        // Read straight into the tensor's own buffer (bool, stored as bytes, through one).
+        let mut data = Data::zeros(ty.dtype, n);
+        let mut bools = Vec::new();
+        let out: &mut [u8] = match data.as_bytes_mut() {
+            Some(b) => b,
+            None => {
+                bools = vec![0u8; n * w];
+                &mut bools
+            }
+        };
         let mut buf = Vec::new();
         for s in &t.shards {
             let Some(part) = want.intersect(&s.region()) else {
@@ -145,10 +155,9 @@ impl ShardedReader {
                 reader.copy((a * w) as u64, &mut out[b * w..(b + n) * w])
             })?;
         }
-        let data = match ty.dtype {
-            ir::DType::Bool => Data::Bool(out.iter().map(|&b| b != 0).collect()),
-            d => Data::from_bytes(d, &out).expect("whole elements"),
-        };
+        if ty.dtype == ir::DType::Bool {
+            data = Data::Bool(bools.iter().map(|&b| b != 0).collect());
+        }
         HostTensor::new(ty.with_shape(padded), data).map_err(|e| CheckpointError::Corrupt {
             path: self.manifest_path(),
             reason: e.to_string(),

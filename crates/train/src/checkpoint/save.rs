@@ -87,6 +87,10 @@ fn temporary(name: &str) -> String {
     format!(".{name}.tmp")
 }
 
+/// Local device `j`'s shard of a tensor (its padded block), for [`save_sharded`].
+pub type ShardFn<'t> =
+    dyn Fn(usize, &IoLayout) -> Result<Cow<'t, HostTensor>, CheckpointError> + Sync + 't;
+
 /// What one process wrote: its files and their shards (tensor name, shard).
 #[derive(Serialize, Deserialize, Default)]
 struct Part {
@@ -213,16 +217,13 @@ fn exchange(
     Ok(all.into_iter().map(|mut b| b.split_off(1)).collect())
 }
 
-/// A device's shard of a tensor, borrowed or built.
-pub type Shard<'t> = Result<Cow<'t, HostTensor>, CheckpointError>;
-
 /// Save this process's devices' state as part of a sharded checkpoint (collective: every
 /// process calls it). `tensor(j, layout)` is local device `j`'s shard of a tensor (its
 /// padded block). Returns the committed manifest.
 pub fn save_sharded<'t>(
     req: &SaveRequest,
     comm: &dyn Communicator,
-    tensor: &(dyn Fn(usize, &IoLayout) -> Shard<'t> + Sync),
+    tensor: &ShardFn<'t>,
 ) -> Result<Manifest, CheckpointError> {
     let positions = comm.local_positions();
     let crash = |point| -> Result<(), CheckpointError> {
