@@ -130,7 +130,7 @@ fn same_bits(a: &runtime::HostTensor, b: &runtime::HostTensor) -> bool {
 }
 
 #[test]
-fn a_checkpoint_saved_on_8_devices_resumes_on_4_2_and_1() {
+fn a_checkpoint_saved_on_8_devices_resumes_on_4_2_and_1_and_with_a_model_axis() {
     let c = corpus();
     let cfg8 = tiny(2, 4);
     let full = tmp("mesh-full");
@@ -151,17 +151,30 @@ fn a_checkpoint_saved_on_8_devices_resumes_on_4_2_and_1() {
         9
     );
     let saved = loaded_state(&cfg8, &cut);
-    for (d, e) in [(1, 4), (2, 2), (1, 2), (1, 1)] {
-        let cfg = tiny(d, e);
+    // (data, expert, model, weights sharded over): fewer devices, and a model axis with
+    // the weights stored split.
+    let meshes = [
+        (1, 4, 1, ""),
+        (2, 2, 1, ""),
+        (1, 2, 1, ""),
+        (1, 1, 1, ""),
+        (2, 2, 2, ""),
+        (2, 1, 2, "data"),
+    ];
+    for (d, e, model, shard) in meshes {
+        let mut cfg = tiny(d, e);
+        cfg.mesh.model = model;
+        cfg.mesh.shard_weights = shard.to_string();
+        let mesh = cfg.mesh.describe();
         let got = loaded_state(&cfg, &cut);
         assert_eq!(got.len(), saved.len());
         for (name, t) in &saved {
             assert!(
                 same_bits(t, &got[name]),
-                "{name} differs after loading on data={d} x expert={e}"
+                "{name} differs after loading on {mesh}"
             );
         }
-        let dir = tmp(&format!("mesh-{d}x{e}"));
+        let dir = tmp(&format!("mesh-{d}x{e}x{model}"));
         copy_dir(&cut, &dir);
         let opts = RunOptions {
             resume: true,
@@ -174,11 +187,11 @@ fn a_checkpoint_saved_on_8_devices_resumes_on_4_2_and_1() {
         let (a, b) = (l[3].1, want[3].1);
         assert!(
             (a - b).abs() <= 1e-5 * b.abs().max(1.0),
-            "data={d} x expert={e}: step 4's loss {a} vs the uninterrupted run's {b}"
+            "{mesh}: step 4's loss {a} vs the uninterrupted run's {b}"
         );
         // The resumed run's checkpoint is on its own mesh.
         let m = checkpoint::Manifest::read(&dir.join("checkpoint")).unwrap();
-        assert_eq!((m.step, m.files.len()), (4, d * e));
+        assert_eq!((m.step, m.files.len()), (4, d * e * model));
         std::fs::remove_dir_all(&dir).ok();
     }
     std::fs::remove_dir_all(&full).ok();

@@ -267,8 +267,8 @@ pub fn layouts_on(src: &Source, mesh: &Mesh) -> Vec<IoLayout> {
         .collect()
 }
 
-/// The config with its mesh set to `mesh` when it is a training config over axes `data`
-/// and `expert`; otherwise unchanged.
+/// The config with its mesh set to `mesh` when it is a training config over axes `data`,
+/// `expert` and `model`; otherwise unchanged.
 fn config_on(config: &str, mesh: &Mesh) -> String {
     let Ok(mut cfg) = crate::config::TrainConfig::parse_toml(config, "checkpoint") else {
         return config.to_string();
@@ -276,12 +276,13 @@ fn config_on(config: &str, mesh: &Mesh) -> String {
     if mesh
         .axes
         .iter()
-        .any(|a| a.name != "data" && a.name != "expert")
+        .any(|a| !["data", "expert", "model"].contains(&a.name.as_str()))
     {
         return config.to_string();
     }
     cfg.mesh.data = mesh.axis_size("data").unwrap_or(1);
     cfg.mesh.expert = mesh.axis_size("expert").unwrap_or(1);
+    cfg.mesh.model = mesh.axis_size("model").unwrap_or(1);
     cfg.to_toml()
 }
 
