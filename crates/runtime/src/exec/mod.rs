@@ -37,7 +37,9 @@
 //! runs of the same [`Executable`] and capped at the run's peak of live bytes; a fused group
 //! whose input dies at that step and has the output's dtype and length writes in place.
 //! [`RunResult::peak_bytes_per_device`] is the peak of live buffer bytes (parameters
-//! included, aliases counted once); `peak_resident_bytes_per_device` adds the pool.
+//! included, aliases counted once, a collective's operand until its results exist);
+//! `peak_resident_bytes_per_device` adds the pool. [`Executable::memory_plan`] computes the
+//! same peak from the plan alone, with the buffers live there (`memory`).
 
 mod collective;
 mod dump;
@@ -45,6 +47,7 @@ mod ids;
 mod kernel;
 pub(crate) mod liveness;
 pub(crate) mod lower;
+mod memory;
 pub(crate) mod passes;
 pub(crate) mod plan;
 mod run;
@@ -52,6 +55,7 @@ mod schedule;
 mod steps;
 
 pub use ids::StepId;
+pub use memory::{Held, LiveBuffer, MemoryOptions, MemoryPlan};
 pub use plan::{Plan, PlanError, PlanProblem};
 
 use crate::comm::{CommError, Communicator};
