@@ -161,13 +161,14 @@ impl Hardware {
     /// A built-in profile by name (`this-cpu` as written in its file, unmeasured: see
     /// [`Hardware::this_cpu`]).
     pub fn built_in(name: &str) -> Result<Hardware, HardwareError> {
-        let (_, text) = BUILT_IN
-            .iter()
-            .find(|(n, _)| *n == name)
-            .ok_or_else(|| HardwareError::Unknown {
-                name: name.to_string(),
-                known: BUILT_IN.map(|(n, _)| n).join(", "),
-            })?;
+        let (_, text) =
+            BUILT_IN
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or_else(|| HardwareError::Unknown {
+                    name: name.to_string(),
+                    known: BUILT_IN.map(|(n, _)| n).join(", "),
+                })?;
         Hardware::from_toml(text, &format!("{name}.toml"))
     }
 

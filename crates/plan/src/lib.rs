@@ -138,11 +138,7 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
     cfg.validate()?;
     let vocab = cfg.data.vocab_size;
     let step = train::trainer::step_program(cfg, vocab)?;
-    let params: u64 = step
-        .params
-        .iter()
-        .map(|s| s.ty.num_elements() as u64)
-        .sum();
+    let params: u64 = step.params.iter().map(|s| s.ty.num_elements() as u64).sum();
     let part = spmd::compile(&step.program)?;
     drop(step);
     let p = &part.program;

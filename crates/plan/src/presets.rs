@@ -37,11 +37,27 @@ pub const VOCAB: usize = 32_000;
 
 /// Table 1's models, then the 1T-parameter model.
 pub const PRESETS: [Preset; 7] = [
-    preset("gshard-128e-12l", None, 128, 12, 1 << 20, 12.5e9, Some(2.16)),
+    preset(
+        "gshard-128e-12l",
+        None,
+        128,
+        12,
+        1 << 20,
+        12.5e9,
+        Some(2.16),
+    ),
     preset("gshard-128e-36l", None, 128, 36, 1 << 20, 37e9, Some(0.67)),
     preset("gshard-512e-12l", None, 512, 12, 1 << 20, 50e9, Some(3.28)),
     preset("gshard-512e-36l", None, 512, 36, 1 << 20, 150e9, Some(1.05)),
-    preset("gshard-2048e-12l", None, 2048, 12, 4 << 20, 200e9, Some(2.15)),
+    preset(
+        "gshard-2048e-12l",
+        None,
+        2048,
+        12,
+        4 << 20,
+        200e9,
+        Some(2.15),
+    ),
     preset(
         "gshard-2048e-36l",
         Some("gshard-600b"),

@@ -99,9 +99,7 @@ fn default_run_step_planned_peak_is_the_measured_peak() {
     let exe = Executable::new(&programs.step.program).unwrap();
     let planned = train::memory::plan_of(&exe, MemoryOptions::in_process());
     // Global inputs of the step program (its partitioned params are local).
-    let mut spec_program = step_program(&cfg, vocab)
-        .unwrap()
-        .program;
+    let mut spec_program = step_program(&cfg, vocab).unwrap().program;
     spec_program.mesh = None;
     let b = batch(&spec_program, &state, vocab);
     let init: HashMap<String, HostTensor> = programs
@@ -115,7 +113,8 @@ fn default_run_step_planned_peak_is_the_measured_peak() {
     }
     let measured = tr.peak_bytes_per_device;
     assert_eq!(
-        planned.plan.peak_bytes, measured,
+        planned.plan.peak_bytes,
+        measured,
         "planned {} ({}) measured {measured}",
         planned.plan.peak_bytes,
         planned.breakdown.line()

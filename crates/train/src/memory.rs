@@ -248,8 +248,8 @@ fn roles(p: &Program) -> Vec<Role> {
     let has_output = |name: &str| p.outputs.iter().any(|(o, _)| o == name);
     for (name, v) in p.params() {
         let i = v.index();
-        let state = has_output(&format!("new/{name}"))
-            || has_output(&autodiff::grad_output_name(name));
+        let state =
+            has_output(&format!("new/{name}")) || has_output(&autodiff::grad_output_name(name));
         let only_optimizer = !readers[i].is_empty() && readers[i].iter().all(|&r| optimizer(r));
         roles[i] = match (state, only_optimizer) {
             (true, true) => Role::OptimizerState,

@@ -5,11 +5,13 @@
 //! where it is first reached and every buffer live there ([`MemoryPlan`]).
 //!
 //! Two things of a run depend on its data, and the walk assumes the usual case of both:
-//! a masked product's masked path applies (its operands are finite), and a support is found
-//! sparse exactly where the plan shares it by construction: the masks of summed masked
-//! dots, indicators `convert(x != 0)` and the values they indicate (MoE's dispatch masks and
-//! combine weights, a few non-zeros per token by construction); every other scanned value
-//! is dense. With those, the planned peak is the run's
+//! a masked product's masked path applies (its operands are finite), and a scan finds a
+//! support sparse exactly where the program makes the value sparse by construction: where
+//! [`density_bounds`] allows at most one non-zero in ten (one-hot comparisons with an iota
+//! and what multiplies, converts, moves or indicates them), and the masks the plan itself
+//! treats as sparse (the masks of summed masked dots, indicators `convert(x != 0)` and the
+//! values they indicate: MoE's dispatch masks and combine weights, at most two non-zeros
+//! per token); every other scanned value is dense. With those, the planned peak is the run's
 //! [`peak_bytes_per_device`](super::RunResult::peak_bytes_per_device) to the byte.
 
 use super::ids::{BufClass, IdVec, StepId, SupportKey};
@@ -176,17 +178,20 @@ impl<'a> Walk<'a> {
     fn new(exe: &'a Executable, stop_at: Option<usize>) -> Walk<'a> {
         let live = &exe.live;
         let n = exe.program.instrs.len();
-        // Supports shared by construction: indicators and the values they indicate.
+        // Supports the plan shares by construction: indicators and the values they
+        // indicate.
         let shared: HashSet<SupportKey> = live
             .class
             .ids()
             .filter(|&v| live.support_of[v].class() != live.class[v])
             .map(|v| live.support_of[v])
             .collect();
-        let sparse = live
-            .class
-            .ids()
-            .map(|v| live.eager_support[v] || shared.contains(&live.support_of[v]))
+        // A scan finds a support where at most a tenth of the values are non-zero: by the
+        // program's bound, or a mask the plan treats as one.
+        let sparse = density_bounds(&exe.program)
+            .into_iter()
+            .zip(live.class.ids())
+            .map(|(d, v)| d <= 0.1 || live.eager_support[v] || shared.contains(&live.support_of[v]))
             .collect();
         Walk {
             exe,
@@ -296,7 +301,8 @@ impl<'a> Walk<'a> {
                     inplace_ok[k]
                         && live.last_read[c] == si
                         && live.members[c].len() == 1
-                        && self.vals[v].is_some_and(|id| self.bufs[id].own && self.bufs[id].holders == 1)
+                        && self.vals[v]
+                            .is_some_and(|id| self.bufs[id].own && self.bufs[id].holders == 1)
                         && exe.program.instrs[v.index()].ty == *ty
                 });
                 match target {
@@ -416,4 +422,77 @@ impl<'a> Walk<'a> {
             self.live -= self.bufs[id].bytes;
         }
     }
+}
+
+/// For every value of `p`, an upper bound on the share of its elements that are non-zero,
+/// from the program alone: `iota == y` with `y` constant along the iota's dim (a one-hot)
+/// has one non-zero in each run along that dim; converts, moves, broadcasts and `x != 0`
+/// keep their operand's share; a product or a logical and has at most its sparser
+/// operand's, a sum at most both together, a select of zero at most its predicate's or
+/// its value's. Anything else may be dense (1).
+pub fn density_bounds(p: &ir::Program) -> Vec<f64> {
+    use ir::{BinaryOp, CompareOp, Op};
+    let n = p.instrs.len();
+    let mut d = vec![1.0f64; n];
+    // The dim along which a value counts up (an iota, plus or converted from one, plus
+    // anything constant along that dim).
+    let mut iota: Vec<Option<usize>> = vec![None; n];
+    let is_zero = |l: &ir::Literal| match l {
+        ir::Literal::Splat(x) => *x == 0.0,
+        ir::Literal::Dense(xs) => xs.iter().all(|x| *x == 0.0),
+    };
+    let zero = |v: ValueId| match &p.instrs[v.index()].op {
+        Op::Constant { value } => is_zero(value),
+        Op::Broadcast { .. } => matches!(
+            &p.instrs[p.instrs[v.index()].operands[0].index()].op,
+            Op::Constant { value } if is_zero(value)
+        ),
+        _ => false,
+    };
+    // Whether `v` is constant along result dim `dim`.
+    let constant_along = |v: ValueId, dim: usize| match &p.instrs[v.index()].op {
+        Op::Broadcast { dims } => !dims.contains(&dim),
+        Op::Constant { .. } => true,
+        _ => p.instrs[v.index()].ty.shape.get(dim) == Some(&1),
+    };
+    for (i, ins) in p.instrs.iter().enumerate() {
+        let o = |k: usize| ins.operands[k];
+        let od = |k: usize| d[ins.operands[k].index()];
+        iota[i] = match &ins.op {
+            Op::Iota { dim } => Some(*dim),
+            Op::Convert | Op::Copy => iota[o(0).index()],
+            Op::Binary(BinaryOp::Add | BinaryOp::Sub) => {
+                match (iota[o(0).index()], iota[o(1).index()]) {
+                    (Some(a), _) if constant_along(o(1), a) => Some(a),
+                    (_, Some(b)) if constant_along(o(0), b) => Some(b),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        d[i] = match &ins.op {
+            Op::Compare(CompareOp::Eq) => {
+                let one_hot = |a: ValueId, b: ValueId| {
+                    iota[a.index()]
+                        .filter(|&dim| constant_along(b, dim))
+                        .map(|dim| 1.0 / ins.ty.shape[dim].max(1) as f64)
+                };
+                one_hot(o(0), o(1)).or(one_hot(o(1), o(0))).unwrap_or(1.0)
+            }
+            Op::Compare(CompareOp::Ne) if zero(o(1)) => od(0),
+            Op::Compare(CompareOp::Ne) if zero(o(0)) => od(1),
+            Op::Convert
+            | Op::Copy
+            | Op::StopGradient
+            | Op::Reshape
+            | Op::Transpose { .. }
+            | Op::Broadcast { .. } => od(0),
+            Op::Binary(BinaryOp::Mul | BinaryOp::And) => od(0).min(od(1)),
+            Op::Binary(BinaryOp::Add | BinaryOp::Sub | BinaryOp::Or) => (od(0) + od(1)).min(1.0),
+            Op::Select if zero(o(2)) => od(0).min(od(1)),
+            Op::Select => (od(1) + od(2)).min(1.0),
+            _ => 1.0,
+        };
+    }
+    d
 }
