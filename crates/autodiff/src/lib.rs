@@ -103,7 +103,15 @@ pub fn grad(p: &Program, loss: &str, wrt: &[&str]) -> Result<Program, GradError>
         // The copy that re-imposes the annotation moves the incoming cotangent, so it sits
         // with the code that produced it (the transpose of a forward reshard lands in the
         // backward pass of the scope that did the forward one).
-        if let Some(s) = &instr.sharding {
+        // Except a parameter's re-annotated copy (a weight gathered for its use, see
+        // `nn::params` on weight-update sharding): its cotangent goes to the parameter's own
+        // layout, so a split weight's gradient is reduce-scattered, never summed whole first.
+        let weight_view = matches!(instr.op, Op::Copy)
+            && instr.operands.first().is_some_and(|o| {
+                let src = &p.instrs[o.index()];
+                matches!(src.op, Op::Parameter { .. }) && src.sharding.is_some()
+            });
+        if let Some(s) = instr.sharding.as_ref().filter(|_| !weight_view) {
             let at = b.set_scope(b.scope_of(g.id));
             g = g.copy();
             g.set_sharding(Some(s.clone()));

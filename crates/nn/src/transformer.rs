@@ -6,10 +6,13 @@
 //!
 //! Sharding (with a mesh): the batch is split over `batch_axes`, dense weights replicated
 //! (data parallel: their gradients need an all-reduce), MoE groups split over `batch_axes`
-//! and experts over `expert_axes` (GShard's layout).
+//! and experts over `expert_axes` (GShard's layout). With `model_axes` (tensor
+//! parallelism), attention heads, the dense FFN's hidden dim, the experts' hidden dim and
+//! the vocabulary (embedding tables and logits) are split over them: one all-reduce after
+//! each attention and each feed-forward layer, none of a weight.
 
 use crate::layers::{
-    attention, cross_entropy, dropout, embed, rms_norm, segment_bias, sinusoid, AttnMask,
+    attention, cross_entropy, dropout, embed, rms_norm, segment_bias, sinusoid, AttnMask, Axes,
 };
 use crate::moe::{Activation, SecondPolicy};
 pub use crate::moe_ffn::{Balance, MoeGating};
@@ -66,6 +69,11 @@ pub struct TransformerConfig {
 pub struct Layout {
     pub batch_axes: Vec<String>,
     pub expert_axes: Vec<String>,
+    /// Tensor parallelism: heads, hidden dims and the vocabulary split over these.
+    pub model_axes: Vec<String>,
+    /// Weight-update sharding: weights (and their gradients and optimizer state) stored
+    /// split over these too, gathered before use ([`Params::shard_weights`]).
+    pub weight_axes: Vec<String>,
 }
 
 /// The sequence batch fed to a model.
@@ -144,8 +152,27 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    pub(crate) fn batch(&self) -> Vec<&str> {
+    pub(crate) fn batch(&self) -> Vec<&'a str> {
         self.layout.batch_axes.iter().map(String::as_str).collect()
+    }
+
+    /// The model (tensor-parallel) axes (parameters ignore them without a mesh).
+    pub(crate) fn model(&self) -> Vec<&'a str> {
+        self.layout.model_axes.iter().map(String::as_str).collect()
+    }
+
+    /// `x [B, ..., V]` with the batch split over the batch axes and the last dim (the
+    /// vocabulary) over the model axes: logits that are never gathered whole.
+    pub(crate) fn annotate_vocab(&self, x: &Value) -> Result<Value, ShardingError> {
+        let model = self.model();
+        if model.is_empty() || x.builder().mesh().is_none() {
+            return self.annotate_batch(x);
+        }
+        let b = self.batch();
+        let mut dims: Vec<&[&str]> = vec![&b];
+        dims.extend(std::iter::repeat_n(&[] as &[&str], x.rank() - 2));
+        dims.push(&model);
+        sharding::mesh_split(x, &dims)
     }
 
     pub(crate) fn annotate_batch(&self, x: &Value) -> Result<Value, ShardingError> {
@@ -162,17 +189,19 @@ impl<'a> Ctx<'a> {
         let cfg = self.cfg;
         let m = x.shape()[2];
         if !is_moe(cfg, layer) {
+            // The hidden dim over the model axes: `wo`'s product sums over them.
+            let model = self.model();
             let wi = p.param(
                 "wi",
                 &[m, cfg.ffn_dim],
                 Init::Normal(1.0 / (m as f64).sqrt()),
-                Some(&[&[], &[]]),
+                Some(&[&[], &model]),
             )?;
             let wo = p.param(
                 "wo",
                 &[cfg.ffn_dim, m],
                 Init::Normal(1.0 / (cfg.ffn_dim as f64).sqrt()),
-                Some(&[&[], &[]]),
+                Some(&[&model, &[]]),
             )?;
             let h = dropout(
                 &cfg.activation.apply(&x.matmul(&wi)),
@@ -194,17 +223,21 @@ impl<'a> Ctx<'a> {
         cross: Option<(&Value, &AttnMask)>,
     ) -> Result<Value, ShardingError> {
         let cfg = self.cfg;
-        let batch = self.batch();
+        let (batch, model) = (self.batch(), self.model());
+        let axes = Axes {
+            batch: &batch,
+            model: &model,
+        };
         let mut x = x.clone();
         let h = p.scope("attn", |p| -> Result<Value, ShardingError> {
             let n = p.scope("norm", |p| rms_norm(p, &x, 1e-6))?;
-            attention(p, &n, &n, cfg.heads, cfg.head_dim, self_mask, &batch)
+            attention(p, &n, &n, cfg.heads, cfg.head_dim, self_mask, axes)
         })?;
         x = self.annotate_batch(&x.add(&dropout(&h, cfg.dropout, self.seed.as_ref())))?;
         if let Some((mem, mask)) = cross {
             let h = p.scope("cross", |p| -> Result<Value, ShardingError> {
                 let n = p.scope("norm", |p| rms_norm(p, &x, 1e-6))?;
-                attention(p, &n, mem, cfg.heads, cfg.head_dim, mask, &batch)
+                attention(p, &n, mem, cfg.heads, cfg.head_dim, mask, axes)
             })?;
             x = self.annotate_batch(&x.add(&dropout(&h, cfg.dropout, self.seed.as_ref())))?;
         }
@@ -282,13 +315,14 @@ impl<'a> Ctx<'a> {
         tgt_table: &Value,
     ) -> Result<Value, ShardingError> {
         let m = self.cfg.model_dim;
+        let model = self.model();
         let _scope = p.b.scope("encoder/embed");
         match self.cfg.src_vocab {
             Some(v) => p.param(
                 "src_embed",
                 &[v, m],
                 Init::Normal(1.0 / (m as f64).sqrt()),
-                Some(&[&[], &[]]),
+                Some(&[&model, &[]]),
             ),
             None => Ok(tgt_table.clone()),
         }
@@ -306,8 +340,13 @@ fn positions(b: &Builder, cfg: &TransformerConfig, len: usize, pos: Option<&Valu
     }
 }
 
-/// The target embedding table `embed [V,M]` (replicated).
-pub(crate) fn tgt_table(p: &mut Params, cfg: &TransformerConfig) -> Result<Value, ShardingError> {
+/// The target embedding table `embed [V,M]`: the vocabulary split over `model` (replicated
+/// when empty).
+pub(crate) fn tgt_table(
+    p: &mut Params,
+    cfg: &TransformerConfig,
+    model: &[&str],
+) -> Result<Value, ShardingError> {
     let m = cfg.model_dim;
     // Its own scope (the name stays `embed`): the table is shared by the encoder, the
     // decoder and the softmax, and its summed gradient is reduced here.
@@ -316,7 +355,7 @@ pub(crate) fn tgt_table(p: &mut Params, cfg: &TransformerConfig) -> Result<Value
         "embed",
         &[cfg.vocab, m],
         Init::Normal(1.0 / (m as f64).sqrt()),
-        Some(&[&[], &[]]),
+        Some(&[model, &[]]),
     )
 }
 
@@ -335,7 +374,7 @@ pub fn build(
     train: bool,
 ) -> Result<Built, ShardingError> {
     let dt = cfg.dtype;
-    let mut p = Params::new(b, dt);
+    let mut p = Params::new(b, dt).shard_weights(&layout.weight_axes);
     let (bsz, s, t, m) = (shape.batch, shape.src_len, shape.tgt_len, cfg.model_dim);
     let i32t = |shape: &[usize]| Type::new(DType::I32, shape.to_vec());
     let seed = (train
@@ -351,7 +390,7 @@ pub fn build(
     let tgt_in = cx.annotate_batch(&b.param("tgt_in", i32t(&[bsz, t])))?;
     let tgt_out = cx.annotate_batch(&b.param("tgt_out", i32t(&[bsz, t])))?;
     let tgt_weight = cx.annotate_batch(&b.param("tgt_weight", Type::new(dt, vec![bsz, t])))?;
-    let tgt_table = tgt_table(&mut p, cfg)?;
+    let tgt_table = tgt_table(&mut p, cfg, &cx.model())?;
     let scale = (m as f64).sqrt();
     // A packed batch: segment ids and in-sentence positions of both sides.
     let packed = match shape.packing {
@@ -426,7 +465,7 @@ pub fn build(
     })?;
     let _output_scope = b.scope("output");
     let logits = b.einsum("BTM,VM->BTV", &[&y, &tgt_table]);
-    let logits = cx.annotate_batch(&logits)?;
+    let logits = cx.annotate_vocab(&logits)?;
     let (ce, _) = cross_entropy(
         &logits,
         &tgt_out,

@@ -2,145 +2,16 @@
 //! gradients) partitions on meshes (expert=4) and (data=2, expert=4) and equals the
 //! single-device run; the decoder-only LM builds and differentiates too.
 
+mod common;
+
+use common::{axes, config, inputs, training_step};
 use ir::{Builder, DType, Mesh, Type};
-use nn::moe::{Activation, SecondPolicy};
-use nn::params::Init;
-use nn::transformer::{
-    build, Balance, BatchShape, Layout, MoeConfig, MoeGating, Packing, TransformerConfig,
-};
+use nn::moe::SecondPolicy;
+use nn::transformer::{build, BatchShape, Layout, Packing, TransformerConfig};
 use runtime::HostTensor;
 use std::collections::HashMap;
 use testkit::spmd::assert_spmd_matches;
 use testkit::Tol;
-
-fn config(enc_layers: usize) -> TransformerConfig {
-    TransformerConfig {
-        vocab: 11,
-        src_vocab: Some(13),
-        model_dim: 8,
-        heads: 2,
-        head_dim: 4,
-        ffn_dim: 12,
-        enc_layers,
-        dec_layers: 2,
-        moe_every: 2,
-        moe: Some(MoeConfig {
-            experts: 4,
-            expert_dim: 12,
-            group_size: 4,
-            capacity: 2,
-            policy: SecondPolicy::All,
-            aux_loss_coef: 0.01,
-            gating: MoeGating::Top2,
-            balance: Balance::AuxLoss,
-        }),
-        activation: Activation::Relu,
-        dropout: 0.0,
-        label_smoothing: 0.1,
-        dtype: DType::F64,
-    }
-}
-
-fn lcg(seed: u64) -> impl FnMut() -> f64 {
-    let mut x = seed
-        .wrapping_mul(2862933555777941757)
-        .wrapping_add(3037000493);
-    move || {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// Random weights by their init spec, random tokens, a few padding positions.
-fn inputs(
-    p: &ir::Program,
-    specs: &[nn::params::ParamSpec],
-    vocab: usize,
-    src_vocab: usize,
-) -> HashMap<String, HostTensor> {
-    let mut r = lcg(7);
-    let mut m = HashMap::new();
-    for s in specs {
-        let n = s.ty.num_elements();
-        let v: Vec<f64> = (0..n)
-            .map(|_| match s.init {
-                Init::Normal(std) | Init::Uniform(std) => std * (2.0 * r() - 1.0) * 1.7,
-                Init::Zeros => 0.1 * (r() - 0.5),
-                Init::Ones => 1.0 + 0.1 * (r() - 0.5),
-            })
-            .collect();
-        m.insert(
-            s.name.clone(),
-            HostTensor::from_f64_values(s.ty.clone(), &v),
-        );
-    }
-    for (name, v) in p.params() {
-        if m.contains_key(name) {
-            continue;
-        }
-        let ty = p.ty(v).clone();
-        let n = ty.num_elements();
-        let vals: Vec<f64> = match name {
-            "src" => (0..n).map(|_| (r() * src_vocab as f64).floor()).collect(),
-            "tgt_in" | "tgt_out" => (0..n).map(|_| (r() * vocab as f64).floor()).collect(),
-            "src_pad" => (0..n).map(|i| if i % 7 == 6 { 1.0 } else { 0.0 }).collect(),
-            "tgt_weight" => (0..n).map(|i| if i % 5 == 4 { 0.0 } else { 1.0 }).collect(),
-            // Packed rows: segments of 3 tokens numbered from 1, the row's last token padding.
-            "src_seg" | "tgt_seg" => {
-                let len = *ty.shape.last().unwrap();
-                (0..n)
-                    .map(|i| match i % len {
-                        j if j + 1 == len => 0.0,
-                        j => (1 + j / 3) as f64,
-                    })
-                    .collect()
-            }
-            "src_pos" | "tgt_pos" => {
-                let len = *ty.shape.last().unwrap();
-                (0..n).map(|i| ((i % len) % 3) as f64).collect()
-            }
-            "seed" => vec![3.0],
-            other => panic!("unexpected parameter {other}"),
-        };
-        m.insert(name.to_string(), HostTensor::from_f64_values(ty, &vals));
-    }
-    m
-}
-
-fn training_step(
-    mesh: Mesh,
-    layout: Layout,
-    cfg: &TransformerConfig,
-    packing: Packing,
-) -> (ir::Program, Vec<nn::params::ParamSpec>) {
-    // The batch and the MoE groups (B*T/S) divide the device count.
-    let batch = mesh.num_devices();
-    let b = Builder::with_mesh(mesh);
-    let shape = BatchShape {
-        batch,
-        src_len: 8,
-        tgt_len: 4,
-        packing,
-    };
-    let built = build(&b, cfg, &shape, &layout, true).unwrap();
-    b.output("loss", &built.loss);
-    b.output("ce", &built.ce);
-    for (i, (_, st)) in built.moe.iter().enumerate() {
-        b.output(&format!("load{i}"), &st.load);
-    }
-    let fwd = b.finish();
-    ir::verify(&fwd).unwrap();
-    let names: Vec<String> = built.params.iter().map(|s| s.name.clone()).collect();
-    let wrt: Vec<&str> = names.iter().map(String::as_str).collect();
-    let p = autodiff::grad(&fwd, "loss", &wrt).unwrap();
-    (p, built.params)
-}
-
-fn axes(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
 
 #[test]
 fn encoder_decoder_moe_training_step_partitions_exactly() {
@@ -151,6 +22,8 @@ fn encoder_decoder_moe_training_step_partitions_exactly() {
             Layout {
                 batch_axes: axes(&["expert"]),
                 expert_axes: axes(&["expert"]),
+                model_axes: Vec::new(),
+                weight_axes: Vec::new(),
             },
         ),
         (
@@ -158,6 +31,8 @@ fn encoder_decoder_moe_training_step_partitions_exactly() {
             Layout {
                 batch_axes: axes(&["data", "expert"]),
                 expert_axes: axes(&["expert"]),
+                model_axes: Vec::new(),
+                weight_axes: Vec::new(),
             },
         ),
     ] {
@@ -223,6 +98,8 @@ fn packed_training_step_partitions_exactly() {
     let layout = Layout {
         batch_axes: axes(&["data", "expert"]),
         expert_axes: axes(&["expert"]),
+        model_axes: Vec::new(),
+        weight_axes: Vec::new(),
     };
     let (p, specs) = training_step(mesh.clone(), layout, &cfg, Packing::Packed);
     assert!(p.param("src_seg").is_some() && p.param("src_pad").is_none());

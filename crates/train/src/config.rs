@@ -87,6 +87,32 @@ pub struct MeshConfig {
     pub data: usize,
     /// Expert axis size (batch split too; experts split over it).
     pub expert: usize,
+    /// Model (tensor-parallel) axis size: attention heads, the feed-forward and expert
+    /// hidden dims and the vocabulary split over it; 1 = no model axis.
+    pub model: usize,
+    /// Weight-update sharding (ZeRO-3 / FSDP): the axis (`data`, `expert` or `model`) over
+    /// which every weight, its gradient and its optimizer state are stored split, the
+    /// weight all-gathered before use and its gradient reduce-scattered; "" = off.
+    pub shard_weights: String,
+}
+
+impl MeshConfig {
+    /// The mesh as a user writes it: `data=2 x expert=4` (`x model=2` when it has one).
+    pub fn describe(&self) -> String {
+        let mut s = format!("data={} x expert={}", self.data, self.expert);
+        if self.model != 1 {
+            s.push_str(&format!(" x model={}", self.model));
+        }
+        if !self.shard_weights.is_empty() {
+            s.push_str(&format!(", weights sharded over {}", self.shard_weights));
+        }
+        s
+    }
+
+    /// Devices that split the batch (`data x expert`).
+    pub fn batch_devices(&self) -> usize {
+        self.data.saturating_mul(self.expert)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -214,7 +240,12 @@ impl Default for TrainConfig {
 
 impl Default for MeshConfig {
     fn default() -> Self {
-        MeshConfig { data: 2, expert: 4 }
+        MeshConfig {
+            data: 2,
+            expert: 4,
+            model: 1,
+            shard_weights: String::new(),
+        }
     }
 }
 
@@ -311,20 +342,34 @@ impl TrainConfig {
     /// The device count of the mesh (saturating: validation refuses more than
     /// [`MAX_DEVICES`]).
     pub fn devices(&self) -> usize {
-        self.mesh.data.saturating_mul(self.mesh.expert)
+        self.mesh.batch_devices().saturating_mul(self.mesh.model)
     }
 
-    /// The mesh (`data x expert`).
+    /// The mesh: `data x expert`, then `model` innermost (neighbouring ranks, the fastest
+    /// links) when it has more than one device.
     pub fn mesh(&self) -> Result<Mesh, ConfigError> {
-        Mesh::new(&[("data", self.mesh.data), ("expert", self.mesh.expert)])
-            .map_err(|e| ConfigError::Invalid(e.to_string()))
+        let mut axes = vec![("data", self.mesh.data), ("expert", self.mesh.expert)];
+        if self.mesh.model != 1 {
+            axes.push(("model", self.mesh.model));
+        }
+        Mesh::new(&axes).map_err(|e| ConfigError::Invalid(e.to_string()))
     }
 
-    /// Batch over both axes; experts over `expert`.
+    /// Batch over `data` and `expert`; experts over `expert`; heads, hidden dims and the
+    /// vocabulary over `model` when the mesh has it.
     pub fn layout(&self) -> Layout {
         Layout {
             batch_axes: vec!["data".into(), "expert".into()],
             expert_axes: vec!["expert".into()],
+            model_axes: if self.mesh.model != 1 {
+                vec!["model".into()]
+            } else {
+                Vec::new()
+            },
+            weight_axes: match self.mesh.shard_weights.as_str() {
+                "" => Vec::new(),
+                axis => vec![axis.to_string()],
+            },
         }
     }
 
@@ -332,17 +377,31 @@ impl TrainConfig {
     /// the field, its value and the fix. Never panics, whatever the values.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        let (d, e) = (self.mesh.data, self.mesh.expert);
-        if d == 0 || e == 0 {
+        let (d, e, tp) = (self.mesh.data, self.mesh.expert, self.mesh.model);
+        let mesh = self.mesh.describe();
+        match self.mesh.shard_weights.as_str() {
+            "" | "data" | "expert" => {}
+            "model" if tp > 1 => {}
+            other => {
+                return bad(format!(
+                    "mesh.shard_weights = \"{other}\": use \"data\", \"expert\", \"model\" (with mesh.model > 1) or \"\" (off)"
+                ))
+            }
+        }
+        if d == 0 || e == 0 || tp == 0 {
             return bad(format!(
-                "mesh data={d} x expert={e}: every mesh axis needs at least 1 device"
+                "mesh {mesh}: every mesh axis needs at least 1 device"
             ));
         }
-        let n = match d.checked_mul(e) {
-            Some(n) if n <= MAX_DEVICES => n,
+        // `n`: the devices that split the batch (the model axis does not).
+        let n = match d
+            .checked_mul(e)
+            .and_then(|n| n.checked_mul(tp).map(|all| (n, all)))
+        {
+            Some((n, all)) if all <= MAX_DEVICES => n,
             _ => {
                 return bad(format!(
-                    "mesh data={d} x expert={e} has more than {MAX_DEVICES} devices; use a smaller mesh"
+                    "mesh {mesh} has more than {MAX_DEVICES} devices; use a smaller mesh"
                 ))
             }
         };
@@ -358,7 +417,7 @@ impl TrainConfig {
         }
         if !data.batch_size.is_multiple_of(n) {
             return bad(format!(
-                "data.batch_size = {} does not divide over the {n} devices of mesh data={d} x expert={e}; use a multiple of {n}",
+                "data.batch_size = {} does not divide over the {n} devices that split the batch (data x expert) of mesh {mesh}; use a multiple of {n}",
                 data.batch_size
             ));
         }
@@ -393,6 +452,24 @@ impl TrainConfig {
         in_range("model.enc_layers", m.enc_layers, 0, MAX_DIM)?;
         in_range("model.expert_dim", m.expert_dim, 0, MAX_DIM)?;
         in_range("model.moe_every", m.moe_every, 0, MAX_DIM)?;
+        if tp > 1 {
+            let mut split = vec![("model.heads", m.heads), ("model.ffn_dim", m.ffn_dim)];
+            if m.moe_every > 0 && m.experts > 0 {
+                split.push(("model.expert_dim", m.expert_dim));
+            }
+            for (field, v) in split {
+                if !v.is_multiple_of(tp) {
+                    let divisors: Vec<String> = (1..=v.min(4096))
+                        .filter(|k| v.is_multiple_of(*k))
+                        .map(|k| k.to_string())
+                        .collect();
+                    return bad(format!(
+                        "{field} = {v} does not divide over mesh axis model={tp}; use a multiple of {tp}, or mesh.model one of {}",
+                        divisors.join(", ")
+                    ));
+                }
+            }
+        }
         if m.heads.checked_mul(m.head_dim).is_none_or(|x| x > MAX_DIM) {
             return bad(format!(
                 "model.heads x model.head_dim = {} x {} is over {MAX_DIM}; use smaller values",
@@ -430,7 +507,7 @@ impl TrainConfig {
                 || !(tokens / m.group_size).is_multiple_of(n)
             {
                 return bad(format!(
-                    "model.group_size = {} must divide the {tokens} tokens of a batch into a number of groups that divides over {n} devices",
+                    "model.group_size = {} must divide the {tokens} tokens of a batch into a number of groups that divides over the {n} devices of mesh axes data x expert",
                     m.group_size
                 ));
             }

@@ -103,7 +103,7 @@ fn killed_run_resumes_to_the_same_loss_curve() {
     for f in [
         "config.toml",
         "metrics.jsonl",
-        "checkpoint.safetensors",
+        "checkpoint/manifest.json",
         "tokenizer.json",
         "loss.png",
         "expert_load.png",
@@ -153,8 +153,8 @@ fn killed_run_resumes_to_the_same_loss_curve() {
 }
 
 /// Every step's record in the metrics log (every field but the timings; not the records of
-/// the evaluation a run ends with) and the checkpoint's bytes.
-fn trajectory(dir: &std::path::Path) -> (Vec<String>, Vec<u8>) {
+/// the evaluation a run ends with) and the checkpoint's bytes (every file of it, by name).
+fn trajectory(dir: &std::path::Path) -> (Vec<String>, Vec<(String, Vec<u8>)>) {
     let recs = train::metrics::read(&dir.join("metrics.jsonl")).unwrap();
     let lines = recs
         .into_iter()
@@ -167,10 +167,18 @@ fn trajectory(dir: &std::path::Path) -> (Vec<String>, Vec<u8>) {
             r.to_string()
         })
         .collect();
-    (
-        lines,
-        std::fs::read(dir.join("checkpoint.safetensors")).unwrap(),
-    )
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir.join("checkpoint"))
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    (lines, files)
 }
 
 #[test]
@@ -268,9 +276,9 @@ fn nonfinite_steps_are_not_applied_and_stop_the_run() {
     assert!(msg.contains("3 step(s) in a row"), "{msg}");
     assert_eq!(skipped, [2, 3, 4]);
     // The checkpoint is step 1's, and finite: the skipped steps changed nothing.
-    let ck = checkpoint::load(&dir.join("checkpoint.safetensors")).unwrap();
-    assert_eq!(ck.step, 1);
-    for (name, t) in &ck.tensors {
+    let ck = checkpoint::Source::open(&dir.join("checkpoint")).unwrap();
+    assert_eq!(ck.step(), 1);
+    for (name, t) in &ck.tensors().unwrap() {
         assert!(t.to_f64_vec().iter().all(|v| v.is_finite()), "{name}");
     }
     std::fs::remove_dir_all(&dir).ok();
@@ -402,20 +410,17 @@ fn bias_balancing_trains_without_the_aux_loss_and_keeps_its_biases() {
         assert!(r["aux"].as_f64().unwrap() > 0.0);
         assert_eq!(r["loss"].as_f64(), r["ce"].as_f64(), "{r}");
     }
-    let ck = checkpoint::load(&dir.join("checkpoint.safetensors")).unwrap();
+    let ck = checkpoint::Source::open(&dir.join("checkpoint"))
+        .unwrap()
+        .tensors()
+        .unwrap();
     let biases: Vec<&String> = ck
-        .tensors
         .keys()
         .filter(|k| k.ends_with("/moe/choice_bias"))
         .collect();
-    assert_eq!(
-        biases.len(),
-        2,
-        "{:?}",
-        ck.tensors.keys().collect::<Vec<_>>()
-    );
+    assert_eq!(biases.len(), 2, "{:?}", ck.keys().collect::<Vec<_>>());
     for name in biases {
-        let b = ck.tensors[name].to_f64_vec();
+        let b = ck[name].to_f64_vec();
         assert_eq!(b.len(), 4);
         // Six steps of +-0.05 (or 0 where an expert sat exactly at the mean): multiples of
         // the rate, at most six of them, and not all zero.

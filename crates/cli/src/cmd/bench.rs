@@ -339,6 +339,8 @@ pub fn transformer_step(layers: usize, experts: usize) -> Result<Program> {
     let layout = Layout {
         batch_axes: vec!["expert".into()],
         expert_axes: vec!["expert".into()],
+        model_axes: Vec::new(),
+        weight_axes: Vec::new(),
     };
     let shape = BatchShape {
         batch: experts * 16,

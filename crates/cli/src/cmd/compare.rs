@@ -70,10 +70,9 @@ pub fn main(a: Args) -> Result<()> {
         );
     }
     println!(
-        "\n(same data, seed and {} steps on mesh data={} x expert={}; MoE every {} FFN, top-2 experts of hidden size {} vs the dense FFN's {})",
+        "\n(same data, seed and {} steps on mesh {}; MoE every {} FFN, top-2 experts of hidden size {} vs the dense FFN's {})",
         base.steps,
-        base.mesh.data,
-        base.mesh.expert,
+        base.mesh.describe(),
         base.model.moe_every,
         (base.model.ffn_dim / 2).max(1),
         base.model.ffn_dim

@@ -8,7 +8,7 @@ use train::trainer;
 
 #[derive(clap::Args)]
 pub struct EvalArgs {
-    /// Run directory (config.toml, tokenizer.json, checkpoint.safetensors).
+    /// Run directory (config.toml, tokenizer.json, checkpoint/).
     #[arg(long, default_value = "runs/default")]
     run: PathBuf,
     /// Which held-out split.

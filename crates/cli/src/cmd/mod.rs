@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_comm;
 pub mod bleu;
+pub mod checkpoint;
 pub mod compare;
 pub mod data;
 pub mod eval;

@@ -1,7 +1,7 @@
 //! `gshard train`: the main job. With no flags it prepares the default corpus if absent,
 //! trains a small MoE Transformer on 8 virtual devices (mesh data=2 x expert=4) for a few
 //! minutes with a progress bar, then prints a report (dev loss, BLEU, expert load) and leaves
-//! a run directory: config.toml, metrics.jsonl, checkpoint.safetensors, tokenizer.json,
+//! a run directory: config.toml, metrics.jsonl, checkpoint/ (sharded), tokenizer.json,
 //! loss.png, expert_load.png (heatmaps), dropped.png, expert_placement.png, dev.hyp /
 //! dev.ref.
 //!
@@ -34,14 +34,19 @@ pub struct Args {
     /// Devices on the expert axis (mesh data=1 x expert=N).
     #[arg(long, conflicts_with = "mesh")]
     devices: Option<usize>,
-    /// Mesh, e.g. `data=2,expert=4` (axes `data` and `expert`; a missing one is 1).
+    /// Mesh, e.g. `data=2,expert=4` or `data=2,model=2,expert=2` (axes `data`, `model`,
+    /// `expert`; a missing one is 1).
     #[arg(long)]
     mesh: Option<String>,
+    /// Weight-update sharding: store weights, gradients and optimizer state split over this
+    /// mesh axis (`data`, `expert` or `model`), gathered before use.
+    #[arg(long)]
+    shard_weights: Option<String>,
     /// Corpus directory (built with the default sources when absent).
     #[arg(long)]
     data: Option<String>,
     /// Continue from the run directory's last checkpoint, with the run's own config.toml
-    /// (a --config may change only `steps` and `data.dir`).
+    /// (a --config may change only `steps`, `data.dir` and the mesh).
     #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
     /// Replace the run the directory holds (without it, such a directory is refused).
@@ -82,17 +87,20 @@ pub fn apply_mesh(cfg: &mut TrainConfig, devices: Option<usize>, mesh: Option<&s
     if let Some(n) = devices {
         cfg.mesh.data = 1;
         cfg.mesh.expert = n;
+        cfg.mesh.model = 1;
     }
     if let Some(spec) = mesh {
         let m = ir::Mesh::parse_spec(spec)?;
         cfg.mesh.data = 1;
         cfg.mesh.expert = 1;
+        cfg.mesh.model = 1;
         for a in &m.axes {
             match a.name.as_str() {
                 "data" => cfg.mesh.data = a.size,
                 "expert" => cfg.mesh.expert = a.size,
+                "model" => cfg.mesh.model = a.size,
                 other => {
-                    bail!("--mesh axis `{other}`: training meshes have axes `data` and `expert`")
+                    bail!("--mesh axis `{other}`: training meshes have axes `data`, `model` and `expert`")
                 }
             }
         }
@@ -191,13 +199,15 @@ fn train_main(a: Args, mpi: Mpi) -> Result<()> {
         cfg.data.dir = d;
     }
     apply_mesh(&mut cfg, a.devices, a.mesh.as_deref())?;
+    if let Some(axis) = &a.shard_weights {
+        cfg.mesh.shard_weights = axis.clone();
+    }
     cfg.validate()?;
     if let Some(comm) = &mpi {
         if cfg.devices() != comm.size() {
             bail!(
-                "the mesh data={} x expert={} has {} devices but mpirun started {} ranks; launch `mpirun -np {}` or pass --mesh/--devices to match",
-                cfg.mesh.data,
-                cfg.mesh.expert,
+                "the mesh {} has {} devices but mpirun started {} ranks; launch `mpirun -np {}` or pass --mesh/--devices to match",
+                cfg.mesh.describe(),
                 cfg.devices(),
                 comm.size(),
                 cfg.devices()
@@ -304,11 +314,10 @@ fn train_main(a: Args, mpi: Mpi) -> Result<()> {
 
 pub fn print_report(cfg: &TrainConfig, r: &trainer::Report, out: &Path) {
     println!(
-        "trained {} steps on {} devices (mesh data={} x expert={}), {} languages -> English",
+        "trained {} steps on {} devices (mesh {}), {} languages -> English",
         r.steps,
         r.devices,
-        cfg.mesh.data,
-        cfg.mesh.expert,
+        cfg.mesh.describe(),
         r.langs.len()
     );
     println!(

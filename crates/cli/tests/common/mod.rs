@@ -172,7 +172,26 @@ pub fn assert_fails(out: &Output, needles: &[&str]) {
     }
 }
 
-/// The step stored in a checkpoint file.
+/// The step stored in a checkpoint (a sharded directory or a single file).
 pub fn checkpoint_step(path: &Path) -> u64 {
-    train::checkpoint::load(path).unwrap().step
+    train::checkpoint::Source::open(path).unwrap().step()
+}
+
+/// Every file of a checkpoint directory with its bytes (a single file: itself).
+pub fn checkpoint_bytes(path: &Path) -> Vec<(String, Vec<u8>)> {
+    if !path.is_dir() {
+        return vec![(String::new(), std::fs::read(path).unwrap())];
+    }
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(path)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
 }

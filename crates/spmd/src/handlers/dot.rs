@@ -1,8 +1,12 @@
-//! Dot-general (after XLA's dot handler): normalise into batch / contracting / free dim groups,
-//! then choose among layouts by the bytes the reshards would move: keep the lhs layout and
-//! bring the rhs to match; keep the rhs layout; take the output's layout for both (no partial
-//! sums); or replicate both. A split contracting dim leaves the local result a pending partial
-//! sum, which the driver's reshard turns into an all-reduce or a reduce-scatter.
+//! Dot-general (after XLA's dot handler): normalise into batch / contracting / free dim groups.
+//! Operands that already agree on their batch and contracting dims, with a contracting dim
+//! split (a weight gradient over a split batch, a tensor-parallel projection over split
+//! heads or hidden units), compute locally as they are: gathering them instead would repeat
+//! the whole product on every device, work a byte count does not see. Otherwise choose among
+//! layouts by the bytes the reshards would move: keep the lhs layout and bring the rhs to
+//! match; keep the rhs layout; take the output's layout for both (no partial sums); or
+//! replicate both. A split contracting dim leaves the local result a pending partial sum,
+//! which the driver's reshard turns into an all-reduce or a reduce-scatter.
 
 use super::to;
 use crate::ctx::Ctx;
@@ -147,6 +151,15 @@ pub fn dot_general(
     plans.push((Sharding::replicated(lr), Sharding::replicated(rr)));
 
     let mut best: Option<(f64, Sharding, Sharding, Sharding)> = None;
+    let agreed = plans[0].1 == rcur && dd.lhs_contract.iter().any(|&a| !lcur.dims[a].is_empty());
+    if agreed {
+        if let Some(res) = result_sharding(dd, &d, &lcur, &rcur) {
+            best = Some((0.0, lcur.clone(), rcur.clone(), res));
+        }
+    }
+    if best.is_some() {
+        plans.clear();
+    }
     for (ls, rs) in plans {
         let Some(res) = result_sharding(dd, &d, &ls, &rs) else {
             continue;

@@ -6,7 +6,6 @@ use super::programs::build_programs;
 use super::rundir::RunDir;
 use super::step::{dev_loss, Trainer};
 use super::TrainError;
-use crate::checkpoint;
 use crate::config::TrainConfig;
 use crate::data::Pair;
 use crate::tokenizer::Tokenizer;
@@ -24,12 +23,16 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, TrainError> {
     let rd = RunDir {
         dir: dir.to_path_buf(),
     };
-    let ck = checkpoint::load(&rd.checkpoint())?;
-    let cfg = TrainConfig::from_toml(&ck.config, &rd.checkpoint().display().to_string())?;
+    let src = rd
+        .open_checkpoint()?
+        .ok_or_else(|| TrainError::NoCheckpoint {
+            dir: rd.dir.clone(),
+        })?;
+    let cfg = TrainConfig::from_toml(src.config(), &src.path().display().to_string())?;
     let tok = Tokenizer::load(rd.tokenizer())?;
     let programs = build_programs(&cfg, tok.vocab_size())?;
-    ck.check(&rd.checkpoint(), &programs.state_types())?;
-    let trainer = Trainer::new(&cfg, programs, Some(ck.tensors), ck.step)?;
+    let comm = std::sync::Arc::new(runtime::InProcess::new(cfg.devices()));
+    let trainer = Trainer::from_source(&cfg, programs, &src, comm)?;
     Ok(LoadedRun { cfg, tok, trainer })
 }
 

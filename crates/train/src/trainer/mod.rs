@@ -10,8 +10,9 @@
 //!
 //! The devices run behind a [`runtime::Communicator`]: all of them in this process
 //! ([`runtime::InProcess`], the default) or one per MPI rank. Every process runs the same loop on the same batches;
-//! only process 0 writes files (config, tokenizer, metrics, checkpoints, plots, decodes),
-//! and it shares what the others need (the tokenizer, a resumed checkpoint) as bytes.
+//! only process 0 writes the run's files (config, tokenizer, metrics, plots, decodes, a
+//! checkpoint's manifest) and shares what the others need (the tokenizer) as bytes; every
+//! process writes and reads its own devices' checkpoint shards.
 //!
 //! A run protects its work: process 0 holds the run directory's lock ([`RunDir::lock`]); a
 //! step whose loss or gradient norm is not finite is not applied (the guard is part of the
@@ -23,9 +24,11 @@
 //! (the step and eval programs), `step` (the [`Trainer`] and its steps), `decode` (greedy
 //! and beam search), `incremental` (the encoder once per batch, then one decoder position
 //! per step with cached keys and values), `run` (the loop), `rundir` (the run directory),
-//! `load` (a saved run for eval and translate).
+//! `load` (a saved run for eval and translate), `ckpt` (the state to and from sharded
+//! checkpoints, each device its own shards).
 
 mod batches;
+mod ckpt;
 mod decode;
 mod incremental;
 mod load;
@@ -38,6 +41,7 @@ pub use batches::{
     batch_at, batch_tensors, held_out, packed_batch_at, packed_tensors, prepare_data, select_langs,
     tokenizer_for, Data, Example,
 };
+pub use ckpt::SaveOptions;
 pub use decode::{translate, DecodeMode, DecodeOptions};
 pub use load::{evaluate_pairs, load_run, LoadedRun};
 pub use programs::{build_programs, init_tensor, step_program, Programs, StepProgram};
@@ -96,9 +100,9 @@ pub enum TrainError {
     Locked { dir: PathBuf, pid: Option<u32> },
     #[error("{dir} already holds a run{}; pass --resume to continue it, --overwrite to replace it, or choose another --out", step.map(|s| format!(" (checkpoint at step {s})")).unwrap_or_default())]
     RunExists { dir: PathBuf, step: Option<u64> },
-    #[error("--resume: {dir} has no checkpoint.safetensors to resume from; drop --resume to start a new run there")]
+    #[error("--resume: {dir} has no checkpoint (checkpoint/manifest.json or checkpoint.safetensors) to resume from; drop --resume to start a new run there")]
     NoCheckpoint { dir: PathBuf },
-    #[error("--resume: the config differs from the run's own ({dir}/config.toml) in {}; only `steps` and `data.dir` may change when resuming (drop --config to use the run's), or start a new run with another --out", fields.join(", "))]
+    #[error("--resume: the config differs from the run's own ({dir}/config.toml) in {}; only `steps`, `data.dir` and `mesh` may change when resuming (drop --config to use the run's), or start a new run with another --out", fields.join(", "))]
     ConfigChanged { dir: PathBuf, fields: Vec<String> },
     #[error("step {step}: {what} is not finite{}; {skipped} step(s) in a row were not applied and no checkpoint of them was written (the last good one stays); lower the learning rate (optimizer.lr), enable clipping, or raise nonfinite_limit to skip more such steps", last_finite.map(|(s, l)| format!(" (last finite loss {l:.4} at step {s})")).unwrap_or_default())]
     NonFinite {

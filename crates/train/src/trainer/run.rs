@@ -11,7 +11,7 @@ use super::programs::Programs;
 use super::rundir::{RunDir, RunLock};
 use super::step::{dev_loss, Trainer};
 use super::{io, Event, StopRequest, TrainError};
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint;
 use crate::config::{Packing, TrainConfig};
 use crate::data::Corpus;
 use crate::metrics::MetricsLog;
@@ -48,6 +48,9 @@ pub struct RunOptions {
     pub stop: Option<StopRequest>,
     /// The memory this process may use; `None`: what the host has available.
     pub max_memory: Option<u64>,
+    /// Stop the checkpoint save after step `.0` at point `.1`, as a process killed there
+    /// would (tests); the run returns the error.
+    pub crash_save: Option<(u64, checkpoint::CrashPoint)>,
 }
 
 impl RunOptions {
@@ -62,6 +65,7 @@ impl RunOptions {
             profile: None,
             stop: None,
             max_memory: None,
+            crash_save: None,
         }
     }
 }
@@ -98,26 +102,6 @@ fn share(
     }
     bytes.remove(0);
     Ok(bytes)
-}
-
-/// A checkpoint's step and tensors as bytes (for [`share`]).
-fn checkpoint_bytes(
-    step: u64,
-    tensors: &HashMap<String, HostTensor>,
-) -> Result<Vec<u8>, TrainError> {
-    let named: Vec<(String, &HostTensor)> = tensors.iter().map(|(k, v)| (k.clone(), v)).collect();
-    let meta = HashMap::from([("step".to_string(), step.to_string())]);
-    Ok(runtime::write_safetensors(&named, Some(meta))?)
-}
-
-fn checkpoint_from_bytes(bytes: &[u8]) -> Result<(u64, HashMap<String, HostTensor>), TrainError> {
-    let (tensors, meta) = runtime::read_safetensors(bytes).map_err(TrainError::Shared)?;
-    let step = meta
-        .as_ref()
-        .and_then(|m| m.get("step"))
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| TrainError::Run("the checkpoint shared by rank 0 has no step".into()))?;
-    Ok((step, tensors.into_iter().collect()))
 }
 
 /// What a finished run reports.
@@ -159,9 +143,9 @@ pub struct Sample {
     pub hypothesis: String,
 }
 
-/// Config fields that may differ between a run and its resumption: how long it runs, and
-/// where the corpus lives.
-const MAY_CHANGE_ON_RESUME: [&str; 2] = ["steps", "data.dir"];
+/// Config fields that may differ between a run and its resumption: how long it runs, where
+/// the corpus lives, and the mesh (a checkpoint loads on any mesh).
+const MAY_CHANGE_ON_RESUME: [&str; 4] = ["steps", "data.dir", "mesh.data", "mesh.expert"];
 
 /// The dotted names of the fields in which two configs differ.
 pub fn config_diff(a: &TrainConfig, b: &TrainConfig) -> Vec<String> {
@@ -224,7 +208,7 @@ fn prepare_dir(
         )));
     }
     if opts.resume {
-        if !rd.checkpoint().exists() {
+        if !rd.has_checkpoint() {
             return Err(TrainError::NoCheckpoint {
                 dir: rd.dir.clone(),
             });
@@ -232,8 +216,12 @@ fn prepare_dir(
         let theirs = match std::fs::read_to_string(rd.config()) {
             Ok(text) => TrainConfig::from_toml(&text, &rd.config().display().to_string())?,
             Err(_) => {
-                let ck = checkpoint::load(&rd.checkpoint())?;
-                TrainConfig::from_toml(&ck.config, &rd.checkpoint().display().to_string())?
+                let src = rd
+                    .open_checkpoint()?
+                    .ok_or_else(|| TrainError::NoCheckpoint {
+                        dir: rd.dir.clone(),
+                    })?;
+                TrainConfig::from_toml(src.config(), &src.path().display().to_string())?
             }
         };
         let fields: Vec<String> = config_diff(&theirs, cfg)
@@ -248,7 +236,7 @@ fn prepare_dir(
         }
     } else if rd.holds_run() {
         if !opts.overwrite {
-            let step = checkpoint::load(&rd.checkpoint()).ok().map(|c| c.step);
+            let step = rd.open_checkpoint().ok().flatten().map(|c| c.step());
             return Err(TrainError::RunExists {
                 dir: rd.dir.clone(),
                 step,
@@ -300,46 +288,47 @@ fn scalar(out: &HashMap<String, HostTensor>, name: &str) -> f64 {
     out.get(name).map(|t| t.to_f64_vec()[0]).unwrap_or(f64::NAN)
 }
 
-/// Whether every value of the state is finite (checked before a checkpoint is written).
-fn first_nonfinite(tensors: &HashMap<String, HostTensor>) -> Option<&str> {
-    let mut names: Vec<&String> = tensors.keys().collect();
-    names.sort();
-    names
-        .into_iter()
-        .find(|n| {
-            let t = &tensors[n.as_str()];
-            t.ty.dtype.is_float() && t.to_f64_vec().iter().any(|v| !v.is_finite())
-        })
-        .map(String::as_str)
+/// Writes the run's checkpoints: the sharded directory, each commit one generation on.
+struct Saver<'a> {
+    rd: &'a RunDir,
+    config: String,
+    generation: u64,
+    crash: Option<(u64, checkpoint::CrashPoint)>,
 }
 
-/// Write the state after step `done` as the run's checkpoint (`rd`: process 0's run
-/// directory; the others only take part in gathering), unless any of it is not finite.
-fn save_checkpoint(
-    tr: &Trainer,
-    done: u64,
-    cfg: &TrainConfig,
-    rd: Option<&RunDir>,
-    last_finite: Option<(u64, f64)>,
-) -> Result<(), TrainError> {
-    let tensors = tr.global_state()?;
-    if let Some(bad) = first_nonfinite(&tensors) {
-        return Err(TrainError::NonFinite {
-            step: done,
-            what: format!("the state `{bad}` after this step"),
-            last_finite,
-            skipped: 0,
-        });
-    }
-    if let Some(rd) = rd {
-        let ck = Checkpoint {
-            step: done,
-            config: cfg.to_toml(),
-            tensors,
+impl Saver<'_> {
+    /// Write the state after step `done` as the run's checkpoint, unless any of it is not
+    /// finite (collective: every process writes its own devices' shards).
+    fn save(
+        &mut self,
+        tr: &Trainer,
+        done: u64,
+        last_finite: Option<(u64, f64)>,
+    ) -> Result<(), TrainError> {
+        if let Some(bad) = tr.first_nonfinite()? {
+            return Err(TrainError::NonFinite {
+                step: done,
+                what: format!("the state `{bad}` after this step"),
+                last_finite,
+                skipped: 0,
+            });
+        }
+        let dir = self.rd.checkpoint_dir();
+        let opts = super::SaveOptions {
+            dir: &dir,
+            generation: self.generation + 1,
+            config: &self.config,
+            crash_at: self.crash.filter(|c| c.0 == done).map(|c| c.1),
         };
-        checkpoint::save(&rd.checkpoint(), &ck)?;
+        tr.save_sharded(&opts)?;
+        self.generation += 1;
+        // The single file of a run resumed from it is replaced by the committed directory.
+        let single = self.rd.checkpoint();
+        if tr.is_root() && single.exists() {
+            std::fs::remove_file(&single).map_err(io(&single))?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Train (or resume) a run in `opts.out` on `corpus`.
@@ -355,7 +344,7 @@ pub fn run(
         None => {
             crate::memory::check_in_process_devices(
                 cfg.devices(),
-                &format!("mesh data={} x expert={}", cfg.mesh.data, cfg.mesh.expert),
+                &format!("mesh {}", cfg.mesh.describe()),
             )
             .map_err(|m| TrainError::Config(crate::config::ConfigError::Invalid(m)))?;
             Arc::new(InProcess::new(cfg.devices()))
@@ -441,21 +430,31 @@ pub fn run(
         opts.max_memory,
     )?;
     let partition_seconds = programs.partition_seconds;
-    let (global, first) = if resume {
-        let bytes = share(comm.as_ref(), || {
-            let ck = checkpoint::load(&rd.checkpoint())?;
-            ck.check(&rd.checkpoint(), &programs.state_types())?;
-            checkpoint_bytes(ck.step, &ck.tensors)
-        })?;
-        let (step, tensors) = checkpoint_from_bytes(&bytes)?;
-        (Some(tensors), step)
-    } else {
-        (None, 0)
+    // Every process opens the checkpoint and reads its own devices' blocks.
+    let mut saver = Saver {
+        rd: &rd,
+        config: cfg.to_toml(),
+        generation: 0,
+        crash: opts.crash_save,
     };
+    let mut tr = if resume {
+        let src = super::ckpt::agree(
+            comm.as_ref(),
+            rd.open_checkpoint().and_then(|src| {
+                src.ok_or_else(|| TrainError::NoCheckpoint {
+                    dir: rd.dir.clone(),
+                })
+            }),
+        )?;
+        saver.generation = src.generation();
+        Trainer::from_source(cfg, programs, &src, comm.clone())?
+    } else {
+        Trainer::with_comm(cfg, programs, None, 0, comm.clone())?
+    };
+    let first = tr.step;
     if let Some(signal) = stopped()? {
         return Err(interrupted(signal, first, None));
     }
-    let mut tr = Trainer::with_comm(cfg, programs, global, first, comm.clone())?;
     let mut log = if root {
         Some(MetricsLog::open(&rd.metrics(), resume.then_some(first)).map_err(io(&rd.metrics()))?)
     } else {
@@ -472,9 +471,6 @@ pub fn run(
     let mut tok_rate = 0.0;
     let mut loads: Vec<Vec<f64>> = vec![Vec::new(); tr.programs.moe_layers.len()];
     let mut drops: Vec<(f64, f64)> = vec![(0.0, 0.0); tr.programs.moe_layers.len()];
-    let save = |tr: &Trainer, done: u64, last_finite: Option<(u64, f64)>| {
-        save_checkpoint(tr, done, cfg, root.then_some(&rd), last_finite)
-    };
     while tr.step < cfg.steps {
         let step = tr.step;
         let batch = match cfg.data.packing {
@@ -525,8 +521,8 @@ pub fn run(
                 });
             }
             if let Some(signal) = stopped()? {
-                save(&tr, done, last_finite)?;
-                return Err(interrupted(signal, done, Some(rd.checkpoint())));
+                saver.save(&tr, done, last_finite)?;
+                return Err(interrupted(signal, done, Some(rd.checkpoint_dir())));
             }
             continue;
         }
@@ -580,10 +576,10 @@ pub fn run(
             || done == cfg.steps
             || signal.is_some()
         {
-            save(&tr, done, last_finite)?;
+            saver.save(&tr, done, last_finite)?;
         }
         if let Some(signal) = signal {
-            return Err(interrupted(signal, done, Some(rd.checkpoint())));
+            return Err(interrupted(signal, done, Some(rd.checkpoint_dir())));
         }
         if opts.stop_after.is_some_and(|s| done >= s) {
             break;
@@ -604,7 +600,7 @@ pub fn run(
     }
     if let Some(signal) = stopped()? {
         // The last step's checkpoint is written; the evaluation is what is skipped.
-        return Err(interrupted(signal, tr.step, Some(rd.checkpoint())));
+        return Err(interrupted(signal, tr.step, Some(rd.checkpoint_dir())));
     }
     on(Event::Status("evaluating: dev loss and BLEU"));
     let dl = dev_loss(&tr, &tok, &data.dev)?;

@@ -2,6 +2,10 @@
 //! directory's lock (`flock` on `.lock`, released by the kernel when the process ends, so a
 //! lock cannot outlive its holder), a directory that holds a run is never replaced without
 //! `--overwrite`, and what a killed process left half-written is removed at start.
+//!
+//! The checkpoint is the sharded directory `checkpoint/` ([`crate::checkpoint`]); a run
+//! directory holding only the single file `checkpoint.safetensors` (the format before it)
+//! resumes from that file, which the first sharded commit then replaces.
 
 use super::TrainError;
 use crate::checkpoint;
@@ -29,7 +33,7 @@ impl Drop for RunLock {
     }
 }
 
-/// What a run directory holds, for [`RunDir::contents`].
+/// The files a run directory holds (and the directory `checkpoint/`).
 pub const RUN_FILES: [&str; 10] = [
     "config.toml",
     "metrics.jsonl",
@@ -47,8 +51,29 @@ impl RunDir {
     pub fn new(dir: impl Into<PathBuf>) -> RunDir {
         RunDir { dir: dir.into() }
     }
+    /// The sharded checkpoint's directory.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.dir.join("checkpoint")
+    }
+    /// The single-file checkpoint of a run directory written before the sharded format.
     pub fn checkpoint(&self) -> PathBuf {
         self.dir.join("checkpoint.safetensors")
+    }
+    /// Whether the directory holds a checkpoint of either format.
+    pub fn has_checkpoint(&self) -> bool {
+        self.checkpoint_dir().join(checkpoint::MANIFEST).exists() || self.checkpoint().exists()
+    }
+    /// The run's checkpoint: the sharded one if committed, else the single file; `None`
+    /// when there is neither.
+    pub fn open_checkpoint(&self) -> Result<Option<checkpoint::Source>, TrainError> {
+        let dir = self.checkpoint_dir();
+        if dir.join(checkpoint::MANIFEST).exists() {
+            return Ok(Some(checkpoint::Source::open(&dir)?));
+        }
+        if self.checkpoint().exists() {
+            return Ok(Some(checkpoint::Source::open(&self.checkpoint())?));
+        }
+        Ok(None)
     }
     pub fn tokenizer(&self) -> PathBuf {
         self.dir.join("tokenizer.json")
@@ -65,9 +90,14 @@ impl RunDir {
 
     /// Whether the directory holds (part of) a run: a config, metrics or a checkpoint.
     pub fn holds_run(&self) -> bool {
-        [self.config(), self.metrics(), self.checkpoint()]
-            .iter()
-            .any(|p| p.exists())
+        [
+            self.config(),
+            self.metrics(),
+            self.checkpoint(),
+            self.checkpoint_dir(),
+        ]
+        .iter()
+        .any(|p| p.exists())
     }
 
     /// Take the directory's lock, or say which process holds it.
@@ -104,10 +134,19 @@ impl RunDir {
         })
     }
 
-    /// Remove the temporary files a killed process left mid-write (call with the lock
-    /// held: no live process is writing them then). Returns how many were removed.
+    /// Remove the temporary files a killed process left mid-write, and the shard files of
+    /// a commit it did not finish or of one it replaced (call with the lock held: no live
+    /// process is writing them then). A checkpoint directory whose manifest cannot be read
+    /// is left as it is (loading it says what is wrong). Returns how many were removed.
     pub fn remove_stale_temporaries(&self) -> Result<usize, TrainError> {
-        let mut n = 0;
+        let dir = self.checkpoint_dir();
+        let mut n = match checkpoint::Manifest::read(&dir) {
+            Ok(m) => checkpoint::remove_unreferenced(&dir, Some(&m))?,
+            Err(_) if !dir.join(checkpoint::MANIFEST).exists() => {
+                checkpoint::remove_unreferenced(&dir, None)?
+            }
+            Err(_) => 0,
+        };
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return Ok(0);
         };
@@ -132,6 +171,11 @@ impl RunDir {
                 Err(e) => return Err(super::io(&path)(e)),
             }
         }
-        Ok(())
+        let dir = self.checkpoint_dir();
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(super::io(&dir)(e)),
+        }
     }
 }

@@ -21,7 +21,7 @@ pub struct Trainer {
     pub programs: Programs,
     comm: Arc<dyn Communicator>,
     /// Per local device (`comm.local_positions()`): its parameter and optimizer-state shards.
-    state: Vec<HashMap<String, HostTensor>>,
+    pub(super) state: Vec<HashMap<String, HostTensor>>,
     pub step: u64,
     pub peak_bytes_per_device: usize,
     /// The step and eval programs prepared once (fusion plan, liveness, buffer pools kept
@@ -109,7 +109,7 @@ impl Trainer {
         })
     }
 
-    fn mesh(&self) -> ir::Mesh {
+    pub fn mesh(&self) -> ir::Mesh {
         self.programs
             .step
             .program

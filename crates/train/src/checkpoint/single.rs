@@ -1,33 +1,22 @@
-//! Checkpoints: every parameter and optimizer-state tensor in one safetensors file, with the
+//! The single-file checkpoint (`checkpoint.safetensors`, formats gshard-checkpoint-1 and 2,
+//! and what `gshard checkpoint consolidate` writes): every parameter and optimizer-state
+//! tensor in one safetensors file, with the
 //! step, the run's config and a SHA-256 over the format, step, config and tensor data in its
 //! metadata (so an edited step or config is caught like a flipped bit). Written
 //! atomically (temporary file in the same directory, fsync, rename), so a crash mid-write
 //! leaves the previous checkpoint intact; a truncated, corrupt or mismatched file is a clear
 //! error, never a panic or silently wrong numbers.
 
+use super::CheckpointError;
 use runtime::HostTensor;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use thiserror::Error;
+use std::path::Path;
 
 /// The format written. Version 1 files (whose checksum covers the tensors only) still load.
-const FORMAT: &str = "gshard-checkpoint-2";
-const FORMAT_V1: &str = "gshard-checkpoint-1";
-
-#[derive(Debug, Error)]
-pub enum CheckpointError {
-    #[error("checkpoint {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("checkpoint {path} is corrupt or truncated ({reason}); delete it to start over, or restore a copy")]
-    Corrupt { path: PathBuf, reason: String },
-    #[error("checkpoint {path} does not fit this model: {reason}; use the config the checkpoint was written with")]
-    Mismatch { path: PathBuf, reason: String },
-}
+pub(crate) const FORMAT: &str = "gshard-checkpoint-2";
+pub(crate) const FORMAT_V1: &str = "gshard-checkpoint-1";
 
 /// The contents of a checkpoint.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,16 +28,24 @@ pub struct Checkpoint {
     pub tensors: HashMap<String, HostTensor>,
 }
 
-/// The checksum: over `(format, step, config)` when given (version 2), then the tensors.
-fn digest(header: Option<(&str, u64, &str)>, tensors: &[(String, &HostTensor)]) -> String {
-    let mut h = Sha256::new();
-    if let Some((format, step, config)) = header {
-        for field in [format.as_bytes(), &step.to_le_bytes(), config.as_bytes()] {
-            h.update((field.len() as u64).to_le_bytes());
-            h.update(field);
+/// The checksum, fed one tensor at a time: over `(format, step, config)` when given
+/// (version 2), then each tensor's name, type and values (as f64), in name order.
+pub(crate) struct Digester(Sha256);
+
+impl Digester {
+    pub(crate) fn new(header: Option<(&str, u64, &str)>) -> Digester {
+        let mut h = Sha256::new();
+        if let Some((format, step, config)) = header {
+            for field in [format.as_bytes(), &step.to_le_bytes(), config.as_bytes()] {
+                h.update((field.len() as u64).to_le_bytes());
+                h.update(field);
+            }
         }
+        Digester(h)
     }
-    for (name, t) in tensors {
+
+    pub(crate) fn add(&mut self, name: &str, t: &HostTensor) {
+        let h = &mut self.0;
         h.update(name.as_bytes());
         h.update([0]);
         h.update(t.ty.to_string().as_bytes());
@@ -57,10 +54,26 @@ fn digest(header: Option<(&str, u64, &str)>, tensors: &[(String, &HostTensor)]) 
             h.update(v.to_le_bytes());
         }
     }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+
+    pub(crate) fn finish(self) -> String {
+        self.0
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
 }
 
-fn sorted(tensors: &HashMap<String, HostTensor>) -> Vec<(String, &HostTensor)> {
+/// The checksum of `tensors` (sorted by name) under `header`.
+fn digest(header: Option<(&str, u64, &str)>, tensors: &[(String, &HostTensor)]) -> String {
+    let mut d = Digester::new(header);
+    for (name, t) in tensors {
+        d.add(name, t);
+    }
+    d.finish()
+}
+
+pub(crate) fn sorted(tensors: &HashMap<String, HostTensor>) -> Vec<(String, &HostTensor)> {
     let mut v: Vec<(String, &HostTensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v
