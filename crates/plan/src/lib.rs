@@ -95,6 +95,10 @@ pub struct Report {
     pub breakdown: Breakdown,
     /// The step where the peak is reached (scope of its instruction).
     pub peak_at: String,
+    /// Inputs (weights, optimizer state, batch) the caller holds that are not live at the
+    /// peak, and the peak with them: what must fit.
+    pub inputs_elsewhere_bytes: u64,
+    pub resident_bytes_per_device: u64,
     /// Memory one device has, and whether the peak fits in it.
     pub memory_bytes: u64,
     pub fits: bool,
@@ -142,7 +146,7 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
     let part = spmd::compile(&step.program)?;
     drop(step);
     let p = &part.program;
-    let exe = runtime::Executable::new(p)?;
+    let exe = runtime::Executable::for_planning(p)?;
     let planned = train::memory::plan_of(&exe, opts.memory);
     let cost = StepCost::of(p);
     let devices = cfg.devices();
@@ -154,7 +158,8 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
     } else {
         hw.device.memory_bytes as u64
     };
-    let fits = peak <= memory_bytes;
+    let resident = planned.resident_bytes();
+    let fits = resident <= memory_bytes;
     let model_dtype = cfg.transformer(vocab)?.dtype;
     let matmul = cost.flops_by_family().get("matmul").copied().unwrap_or(0) as f64;
     let mfu = matmul / (t.step_seconds * hw.device.peak_flops.of(model_dtype)).max(1e-300);
@@ -176,6 +181,8 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
         peak_bytes_per_device: peak,
         breakdown: planned.breakdown,
         peak_at,
+        inputs_elsewhere_bytes: planned.inputs_elsewhere,
+        resident_bytes_per_device: resident,
         memory_bytes,
         fits,
         flops_per_device: cost.flops(),
@@ -206,7 +213,7 @@ fn advice(r: &Report) -> Vec<String> {
     }
     let b = &r.breakdown;
     let h = |x: u64| train::memory::human(x);
-    let over = r.peak_bytes_per_device.saturating_sub(r.memory_bytes);
+    let over = r.resident_bytes_per_device.saturating_sub(r.memory_bytes);
     let mut out = Vec::new();
     let state = b.weights + b.gradients + b.optimizer_state;
     let mut parts = [
@@ -241,9 +248,9 @@ fn advice(r: &Report) -> Vec<String> {
             out.push(text);
         }
     }
-    let ratio = r.peak_bytes_per_device as f64 / r.memory_bytes.max(1) as f64;
+    let ratio = r.resident_bytes_per_device as f64 / r.memory_bytes.max(1) as f64;
     out.push(format!(
-        "more devices: the peak is {} over the {} a device has ({ratio:.1}x); a mesh of about {} devices with a batch split over them holds the per-device activations in proportion",
+        "more devices: the step needs {} more than the {} a device has ({ratio:.1}x); about {} devices with the batch split over them divide the activations in proportion",
         h(over),
         h(r.memory_bytes),
         (r.devices as f64 * ratio).ceil() as u64

@@ -45,11 +45,13 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "memory per device: peak {} of {} ({}), at {}",
+        "memory per device: peak {} at {} (+ {} of inputs held between their uses) = {} of {} ({})",
         human(r.peak_bytes_per_device),
+        r.peak_at,
+        human(r.inputs_elsewhere_bytes),
+        human(r.resident_bytes_per_device),
         human(r.memory_bytes),
         if r.fits { "fits" } else { "does NOT fit" },
-        r.peak_at
     );
     for (name, b) in r.breakdown.parts() {
         if b > 0 {

@@ -176,6 +176,17 @@ impl Breakdown {
 pub struct PlannedMemory {
     pub plan: runtime::MemoryPlan,
     pub breakdown: Breakdown,
+    /// Bytes of the program's inputs (weights, optimizer state, the batch) not live at the
+    /// peak: the executor counts an input from its first reader to its last, while the
+    /// caller holds it through the whole step.
+    pub inputs_elsewhere: u64,
+}
+
+impl PlannedMemory {
+    /// What a device holds at the peak, with the inputs the caller keeps.
+    pub fn resident_bytes(&self) -> u64 {
+        self.plan.peak_bytes as u64 + self.inputs_elsewhere
+    }
 }
 
 /// Plan the memory of per-device program `p` with the executor's own buffer planning
@@ -184,15 +195,32 @@ pub fn plan_memory(
     p: &Program,
     opts: runtime::MemoryOptions,
 ) -> Result<PlannedMemory, runtime::ExecError> {
-    let exe = runtime::Executable::new(p)?;
+    let exe = runtime::Executable::for_planning(p)?;
     Ok(plan_of(&exe, opts))
 }
 
 /// [`plan_memory`] of a prepared executable.
 pub fn plan_of(exe: &runtime::Executable, opts: runtime::MemoryOptions) -> PlannedMemory {
+    let p = exe.program();
     let plan = exe.memory_plan(opts);
-    let breakdown = breakdown(exe.program(), &plan);
-    PlannedMemory { plan, breakdown }
+    let breakdown = breakdown(p, &plan);
+    let is_param = |v: ir::ValueId| matches!(p.instrs[v.index()].op, ir::Op::Parameter { .. });
+    let inputs: u64 = p
+        .params()
+        .iter()
+        .map(|&(_, v)| p.ty(v).size_bytes() as u64)
+        .sum();
+    let at_peak: u64 = plan
+        .at_peak
+        .iter()
+        .filter(|b| b.held == runtime::Held::Value && is_param(b.value))
+        .map(|b| b.bytes as u64)
+        .sum();
+    PlannedMemory {
+        plan,
+        breakdown,
+        inputs_elsewhere: inputs.saturating_sub(at_peak),
+    }
 }
 
 /// What each value of a program is, for [`Breakdown`].
@@ -268,8 +296,8 @@ fn roles(p: &Program) -> Vec<Role> {
     // Gradients: backward values the optimizer reads (or `grad_` outputs), and what they
     // are summed, converted, moved or reduced from.
     let mut stack: Vec<usize> = Vec::new();
-    for i in 0..n {
-        let to_optimizer = readers[i].iter().any(|&r| optimizer(r) && !optimizer(i));
+    for (i, rs) in readers.iter().enumerate() {
+        let to_optimizer = rs.iter().any(|&r| optimizer(r) && !optimizer(i));
         if grad(i) && to_optimizer {
             stack.push(i);
         }
@@ -298,11 +326,11 @@ fn roles(p: &Program) -> Vec<Role> {
             );
         }
     }
-    for i in 0..n {
-        if roles[i] != Role::Temporary || matches!(p.instrs[i].op, Op::Parameter { .. }) {
+    for (i, role) in roles.iter_mut().enumerate() {
+        if *role != Role::Temporary || matches!(p.instrs[i].op, Op::Parameter { .. }) {
             continue;
         }
-        roles[i] = if is_grad[i] {
+        *role = if is_grad[i] {
             Role::Gradient
         } else if p.instrs[i].op.is_collective() {
             Role::Collective
