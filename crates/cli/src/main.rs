@@ -37,6 +37,9 @@ enum Command {
     Inspect(cmd::inspect::Args),
     /// Write a ready-made program (e.g. one MoE layer with its gradients) as text.
     Export(cmd::export::Args),
+    /// Plan a training run without running it: memory per device, FLOPs, collectives,
+    /// step time on a hardware profile.
+    Plan(cmd::plan::Args),
     /// Benchmarks (compile time across device counts, ...).
     Bench(cmd::bench::Args),
     /// Corpus BLEU of a hypothesis file against a reference file (sacrebleu's default).
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
         Command::Init(a) => cmd::init::main(a),
         Command::Inspect(a) => cmd::inspect::main(a),
         Command::Export(a) => cmd::export::main(a),
+        Command::Plan(a) => cmd::plan::main(a),
         Command::Bench(a) => cmd::bench::main(a),
         Command::Bleu(a) => cmd::bleu::main(a),
         Command::Train(a) => cmd::train::main(a),

@@ -41,8 +41,8 @@ pub use alloc::LineAligned;
 pub use comm::{CommError, Communicator, InProcess};
 pub use error::RuntimeError;
 pub use exec::{
-    run_devices, run_devices_profiled, CollectiveStat, ExecError, ExecOptions, Executable, Passes,
-    Plan, PlanError, RunResult,
+    run_devices, run_devices_profiled, CollectiveStat, ExecError, ExecOptions, Executable, Held,
+    LiveBuffer, MemoryOptions, MemoryPlan, Passes, Plan, PlanError, RunResult,
 };
 pub use io::{read_safetensors, write_safetensors, IoError};
 pub use profile::{merge_chrome_traces, Profiler, TraceEvent};

@@ -1,7 +1,8 @@
 //! `gshard inspect`: show what the partitioner did to a program: the per-device program,
 //! the sharding of every parameter and output, bytes per device, every collective with its
-//! shape and the bytes it moves, and a summary by scope (FLOPs, bytes per collective kind,
-//! saved activations). `--why` says why each collective is there, grouped by layer;
+//! shape and the bytes it moves, the peak memory per device with what it holds (the
+//! executor's buffer planning on shapes), and a summary by scope (FLOPs, bytes per
+//! collective kind, saved activations). `--why` says why each collective is there, grouped by layer;
 //! `--json` prints everything as one JSON object (each collective with its `scope` and
 //! `cause`); `--draw NAME` draws how a value is laid out over the mesh.
 
@@ -63,7 +64,10 @@ pub fn main(a: Args) -> Result<()> {
     let rows = summary::by_scope(&part.program, grouping);
     let mesh = part.program.mesh.clone().expect("partitioned");
     let colls = report::collectives(&part.program);
-    let peak = report::peak_bytes(&part.program);
+    // The executor's own buffer planning, on shapes: the peak `gshard run` measures.
+    let memory = train::memory::plan_memory(&part.program, runtime::MemoryOptions::in_process())
+        .context("preparing the per-device program for the executor")?;
+    let peak = memory.plan.peak_bytes;
     let (param_bytes, out_bytes) = report::io_bytes_per_device(&part);
     let layouts = |ls: &[spmd::IoLayout]| -> Vec<serde_json::Value> {
         ls.iter()
@@ -82,6 +86,7 @@ pub fn main(a: Args) -> Result<()> {
             "mesh": mesh.to_string(),
             "devices": mesh.num_devices(),
             "bytes_per_device": peak,
+            "memory": memory.breakdown,
             "param_bytes_per_device": param_bytes,
             "output_bytes_per_device": out_bytes,
             "collective_bytes": colls.iter().map(|c| c.bytes).sum::<usize>(),
@@ -123,6 +128,7 @@ pub fn main(a: Args) -> Result<()> {
         human_bytes(out_bytes),
         human_bytes(peak)
     );
+    println!("  at the peak: {}", memory.breakdown.line());
     println!("# by scope, per device: FLOPs, bytes sent per collective kind, saved activations");
     print!("{}", summary::text(&rows));
     if a.why {

@@ -11,5 +11,6 @@ pub mod export;
 pub mod fmt;
 pub mod init;
 pub mod inspect;
+pub mod plan;
 pub mod run;
 pub mod train;

@@ -83,7 +83,7 @@ pub fn load_config(config: Option<&Path>) -> Result<TrainConfig> {
     }
 }
 
-fn apply_mesh(cfg: &mut TrainConfig, devices: Option<usize>, mesh: Option<&str>) -> Result<()> {
+pub fn apply_mesh(cfg: &mut TrainConfig, devices: Option<usize>, mesh: Option<&str>) -> Result<()> {
     if let Some(n) = devices {
         cfg.mesh.data = 1;
         cfg.mesh.expert = n;
@@ -338,6 +338,11 @@ pub fn print_report(cfg: &TrainConfig, r: &trainer::Report, out: &Path) {
         r.tokens_per_s,
         r.partition_seconds,
         crate::cmd::inspect::human_bytes(r.peak_bytes_per_device)
+    );
+    println!(
+        "  memory per device at the peak (planned {}): {}",
+        crate::cmd::inspect::human_bytes(r.memory.plan.peak_bytes),
+        r.memory.breakdown.line()
     );
     if !r.expert_load.is_empty() {
         println!(

@@ -84,30 +84,31 @@ impl Executable {
         let v = s.reads[0];
         let operand_ty = self.program.instrs[v.index()].ty.clone();
         let t0 = profiler.map(|p| p.now_us());
-        // Operands that die here move into the collective; others are copied.
+        // Operands that die here move into the collective; others are copied (the copy is
+        // live until the results exist, like a moved operand).
         let c = self.live.class[v];
         let dies = self.live.last_read[c] == si && self.live.members[c].len() == 1;
-        let mut moved = vec![0usize; devs.len()];
-        let take = |(d, moved): (&mut Dev, &mut usize)| -> Result<HostTensor, ExecError> {
+        let mut operand = vec![0usize; devs.len()];
+        let take = |(d, operand): (&mut Dev, &mut usize)| -> Result<HostTensor, ExecError> {
             let data = match d.vals[v].take() {
                 Some(Buf::Own(a)) if dies => match Arc::try_unwrap(a) {
-                    Ok(data) => {
-                        *moved = bytes(&data);
-                        data
-                    }
+                    Ok(data) => data,
                     Err(a) => {
                         let data = d.copy_of(self, v, &a);
                         d.vals[v] = Some(Buf::Own(a));
+                        d.add_live(data.as_ref().map_or(0, bytes));
                         data?
                     }
                 },
                 Some(b) => {
                     let data = d.copy_of(self, v, b.data());
                     d.vals[v] = Some(b);
+                    d.add_live(data.as_ref().map_or(0, bytes));
                     data?
                 }
                 None => unreachable!("operands are live"),
             };
+            *operand = bytes(&data);
             Ok(HostTensor {
                 ty: operand_ty.clone(),
                 data,
@@ -117,12 +118,12 @@ impl Executable {
         // to the pool costs more than copying them.
         let local: Vec<HostTensor> = if operand_ty.num_elements() < SMALL_COLLECTIVE {
             devs.iter_mut()
-                .zip(moved.iter_mut())
+                .zip(operand.iter_mut())
                 .map(take)
                 .collect::<Result<_, _>>()?
         } else {
             devs.par_iter_mut()
-                .zip(moved.par_iter_mut())
+                .zip(operand.par_iter_mut())
                 .map(take)
                 .collect::<Result<_, _>>()?
         };
@@ -142,10 +143,10 @@ impl Executable {
         let sent = wire_bytes(&ins.op, &operand_ty, k);
         count(stats, ins, sent * devs.len());
         let t1 = profiler.map(|p| p.now_us());
-        for ((d, t), moved) in devs.iter_mut().zip(out).zip(moved) {
+        for ((d, t), operand) in devs.iter_mut().zip(out).zip(operand) {
             d.add_live(bytes(&t.data));
-            // The moved operand was live until the results existed.
-            d.live -= moved;
+            // The operand (moved or copied) was live until the results existed.
+            d.live -= operand;
             d.vals[s.value] = Some(Buf::Own(Arc::new(t.data)));
             if let (Some(t0), Some(t1)) = (t0, t1) {
                 d.events.push(TraceEvent {

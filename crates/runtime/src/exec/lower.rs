@@ -15,7 +15,7 @@
 use super::ids::IdVec;
 use super::plan::{is_output, op_label, Kind, Plan, Step};
 use super::Passes;
-use crate::kernels::dot::DotPlan;
+use crate::kernels::dot::{DotPlan, Tables};
 use crate::kernels::elementwise::{collapse_broadcast, Fused, Node};
 use crate::kernels::strides;
 use ir::{BinaryOp, DType, Literal, Op, Program, ValueId};
@@ -29,10 +29,10 @@ use std::collections::HashMap;
 const MAX_GROUP_NODES: usize = 1024;
 
 /// The plan of `p` before any rewrite: fused ([`Passes::All`]) or for the reference
-/// interpreter ([`Passes::None`]).
-pub(crate) fn lower(p: &Program, passes: Passes) -> Plan {
+/// interpreter ([`Passes::None`]); its dots' offset tables as `tables` says.
+pub(crate) fn lower(p: &Program, passes: Passes, tables: Tables) -> Plan {
     match passes {
-        Passes::All => lower_fused(p),
+        Passes::All => lower_fused(p, tables),
         Passes::None => lower_oracle(p),
     }
 }
@@ -121,7 +121,7 @@ fn lower_oracle(p: &Program) -> Plan {
 }
 
 /// Fusion groups, generated leaves, dot plans; every other live instruction one step.
-fn lower_fused(p: &Program) -> Plan {
+fn lower_fused(p: &Program, tables: Tables) -> Plan {
     let n = p.instrs.len();
     let is_output = outputs(p);
     let consumers = consumers(p);
@@ -164,10 +164,11 @@ fn lower_fused(p: &Program) -> Plan {
             }
             op if generator(op) && !gen_materialise(i) => continue,
             Op::DotGeneral(dd) => {
-                let plan = DotPlan::new(
+                let plan = DotPlan::with_tables(
                     &p.ty(ins.operands[0]).shape,
                     &p.ty(ins.operands[1]).shape,
                     dd,
+                    tables,
                 );
                 Step::new(i, Kind::Dot(Box::new(plan)), operands, "dot", label)
             }

@@ -37,7 +37,9 @@
 //! runs of the same [`Executable`] and capped at the run's peak of live bytes; a fused group
 //! whose input dies at that step and has the output's dtype and length writes in place.
 //! [`RunResult::peak_bytes_per_device`] is the peak of live buffer bytes (parameters
-//! included, aliases counted once); `peak_resident_bytes_per_device` adds the pool.
+//! included, aliases counted once, a collective's operand until its results exist);
+//! `peak_resident_bytes_per_device` adds the pool. [`Executable::memory_plan`] computes the
+//! same peak from the plan alone, with the buffers live there (`memory`).
 
 mod collective;
 mod dump;
@@ -45,6 +47,7 @@ mod ids;
 mod kernel;
 pub(crate) mod liveness;
 pub(crate) mod lower;
+mod memory;
 pub(crate) mod passes;
 pub(crate) mod plan;
 mod run;
@@ -52,10 +55,12 @@ mod schedule;
 mod steps;
 
 pub use ids::StepId;
+pub use memory::{Held, LiveBuffer, MemoryOptions, MemoryPlan};
 pub use plan::{Plan, PlanError, PlanProblem};
 
 use crate::comm::{CommError, Communicator};
 use crate::error::RuntimeError;
+use crate::kernels::dot::Tables;
 use crate::profile::Profiler;
 use crate::tensor::HostTensor;
 use ir::Program;
@@ -74,6 +79,9 @@ pub enum ExecError {
     Comm(#[from] CommError),
     #[error("{got} input maps for {want} local devices; pass one per local mesh position")]
     DeviceCount { want: usize, got: usize },
+    /// [`Executable::run`] of an executable prepared by [`Executable::for_planning`].
+    #[error("this program was prepared for planning only (Executable::for_planning); prepare it with Executable::new to run it")]
+    PlanningOnly,
     /// A pass left a plan that breaks an invariant (a bug of the executor, caught by
     /// [`Plan::verify`] in debug builds).
     #[error("the plan after {pass}: {source}")]
@@ -150,6 +158,8 @@ pub struct Executable {
     live: Liveness,
     order: Segments,
     pools: Mutex<Vec<Pool>>,
+    /// [`Tables::ShapesOnly`] for an executable that is planned, never run.
+    tables: Tables,
 }
 
 impl Executable {
@@ -161,6 +171,18 @@ impl Executable {
     /// [`Executable::new`] with `options` ([`ExecOptions::reference`]: no passes, every
     /// step computed by the reference interpreter).
     pub fn with_options(p: &Program, options: ExecOptions) -> Result<Executable, ExecError> {
+        Executable::prepare(p, options, Tables::Built)
+    }
+
+    /// [`Executable::new`] for planning only: the same plan, liveness and
+    /// [`memory_plan`](Executable::memory_plan), but no dot builds the offset tables its
+    /// kernels read (their size follows the operands' dims, the work of planning does not
+    /// then grow with the shapes). [`Executable::run`] refuses it.
+    pub fn for_planning(p: &Program) -> Result<Executable, ExecError> {
+        Executable::prepare(p, ExecOptions::native(), Tables::ShapesOnly)
+    }
+
+    fn prepare(p: &Program, options: ExecOptions, tables: Tables) -> Result<Executable, ExecError> {
         if p.mesh.is_none() {
             if let Some((index, ins)) = p
                 .instrs
@@ -176,7 +198,7 @@ impl Executable {
             }
         }
         ir::verify(p).map_err(RuntimeError::from)?;
-        let mut plan = lower::lower(p, options.passes);
+        let mut plan = lower::lower(p, options.passes, tables);
         passes::run(p, &mut plan, options.passes)
             .map_err(|(pass, source)| ExecError::Plan { pass, source })?;
         let live = Liveness::of(p, &plan);
@@ -194,6 +216,7 @@ impl Executable {
             live,
             order,
             pools: Mutex::new(Vec::new()),
+            tables,
         };
         dump::dump_hook(p, options.passes == Passes::None, &exe);
         Ok(exe)

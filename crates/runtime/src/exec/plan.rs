@@ -207,6 +207,11 @@ impl Plan {
         self.steps.is_empty()
     }
 
+    /// The value step `si` produces (its first), if there is such a step.
+    pub fn value_of(&self, si: StepId) -> Option<ValueId> {
+        self.steps.get(si).map(|s| s.value)
+    }
+
     /// The step producing each value as its `value` (not its `also`), and the steps reading
     /// each value (in order, each once): what the rewrites match on.
     pub(crate) fn producers_and_readers(

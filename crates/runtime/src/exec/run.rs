@@ -90,6 +90,9 @@ impl Executable {
         inputs: &[HashMap<String, Arc<HostTensor>>],
         profiler: Option<&Profiler>,
     ) -> Result<RunResult, ExecError> {
+        if self.tables == crate::kernels::dot::Tables::ShapesOnly {
+            return Err(ExecError::PlanningOnly);
+        }
         let positions = comm.local_positions();
         if inputs.len() != positions.len() {
             return Err(ExecError::DeviceCount {

@@ -114,6 +114,8 @@ pub struct Report {
     pub tokens_per_s: f64,
     pub partition_seconds: f64,
     pub peak_bytes_per_device: usize,
+    /// The step's planned per-device memory (its peak is the measured one) and what it holds.
+    pub memory: crate::memory::PlannedMemory,
     /// Per MoE layer, at the last step.
     pub expert_load: Vec<ExpertLoad>,
     /// The first dev sentences with their reference and the model's translation.
@@ -668,6 +670,7 @@ pub fn run(
         tokens_per_s: tok_rate,
         partition_seconds,
         peak_bytes_per_device: tr.peak_bytes_per_device,
+        memory: tr.planned_memory()?,
         expert_load,
         examples,
         langs: data.langs,

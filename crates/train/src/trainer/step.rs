@@ -137,6 +137,16 @@ impl Trainer {
         per
     }
 
+    /// The step's per-device memory planned by the executor's buffer planning: its peak is
+    /// the one a step measures ([`Trainer::peak_bytes_per_device`]), with what it holds.
+    pub fn planned_memory(&self) -> Result<crate::memory::PlannedMemory, TrainError> {
+        let exe = prepared(&self.step_exe, &self.programs.step.program)?;
+        let opts = runtime::MemoryOptions {
+            shared_memory: self.comm.shared_memory(),
+        };
+        Ok(crate::memory::plan_of(exe, opts))
+    }
+
     /// Run one optimizer step on `batch`; returns the step's scalar outputs (device 0).
     pub fn train_step(
         &mut self,

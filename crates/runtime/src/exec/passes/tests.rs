@@ -6,6 +6,7 @@
 use super::{Pass, REWRITES, SCHEDULE};
 use crate::exec::lower::lower;
 use crate::exec::{Executable, Passes, Plan};
+use crate::kernels::dot::Tables;
 use crate::{HostTensor, InProcess};
 use expect_test::{expect, Expect};
 use ir::Program;
@@ -17,7 +18,7 @@ fn program(text: &str) -> Program {
 
 /// The plan of `p` after lowering and every pass up to `name`, and what `name` changed.
 fn through(p: &Program, name: &str) -> (Plan, String) {
-    let mut plan = lower(p, Passes::All);
+    let mut plan = lower(p, Passes::All, Tables::Built);
     plan.verify(p)
         .unwrap_or_else(|e| panic!("after lowering: {e}"));
     let all: Vec<(&str, Pass)> = REWRITES.iter().chain(&SCHEDULE).copied().collect();
@@ -370,7 +371,7 @@ fn verify_names_the_step_that_breaks_an_invariant() {
 output "t" = %t
 "#,
     );
-    let mut plan = lower(&p, Passes::All);
+    let mut plan = lower(&p, Passes::All, Tables::Built);
     assert_eq!(plan.verify(&p), Ok(()));
     // The transpose before the group it reads.
     let steps = std::mem::take(&mut plan.steps).into_vec();
@@ -407,7 +408,7 @@ output "o" = %o
 output "t" = %t
 "#,
     );
-    let mut plan = lower(&p, Passes::All);
+    let mut plan = lower(&p, Passes::All, Tables::Built);
     let live = Liveness::of(&p, &plan);
     assert_eq!(live.verify(&p, &plan), Ok(()));
     // The dot moves to its transpose's place, after the step that released its operands.

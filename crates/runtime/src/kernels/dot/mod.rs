@@ -74,7 +74,7 @@ mod tests;
 pub use super::sgemm::{GemmOptions, Span};
 pub use float::GemmFloat;
 pub use path::{choose_path, gemm_route, indicator_copies, GemmRoute, PathChoice, PathFacts};
-pub use plan::{DotPath, DotPlan};
+pub use plan::{DotPath, DotPlan, Tables};
 pub use sums::masked_row_sums;
 pub use support::{Known, Support, Values};
 

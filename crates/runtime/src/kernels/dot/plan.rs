@@ -42,10 +42,19 @@ pub(super) struct View {
 }
 
 impl View {
+    #[cfg(test)]
     pub(super) fn new(shape: &[usize], batch: &[usize], rows: &[usize], cols: &[usize]) -> View {
+        View::with(shape, [batch, rows, cols], Tables::Built)
+    }
+
+    /// [`View::new`] of `[batch, rows, cols]`, its tables as `tables` says.
+    fn with(shape: &[usize], [batch, rows, cols]: [&[usize]; 3], tables: Tables) -> View {
         let st = crate::kernels::strides(shape);
         let unit = |t: &[usize]| t.iter().enumerate().all(|(i, &o)| o == t[0] + i);
-        let (r, c) = (offsets(shape, &st, rows), offsets(shape, &st, cols));
+        let (r, c) = (
+            table(tables, shape, &st, rows),
+            table(tables, shape, &st, cols),
+        );
         // A group's index is row-major over its dims in the order listed.
         let mut inverse: Vec<(u64, u64, u8, usize)> = st
             .iter()
@@ -69,7 +78,7 @@ impl View {
             .map(|(d, _)| d)
             .collect();
         View {
-            batch_off: offsets(shape, &st, batch),
+            batch_off: table(tables, shape, &st, batch),
             rows_unit: unit(&r),
             cols_unit: unit(&c),
             rows: r,
@@ -165,6 +174,8 @@ pub struct DotPlan {
     /// `indicator[0]` (`[1]`): the lhs (rhs) operand given is `x`, and the product reads
     /// `convert(x != 0)` in its place ([`DotPlan::read_indicator`]).
     pub(super) indicator: [bool; 2],
+    /// Whether the offset tables are built ([`Tables`]).
+    pub(super) tables: Tables,
 }
 
 /// The single stride of `dims` read row-major, if they merge (size-1 dims ignored).
@@ -181,6 +192,25 @@ pub(super) fn merged_stride(shape: &[usize], st: &[usize], dims: &[usize]) -> Op
     Some(st[*live.last().unwrap()])
 }
 
+/// Whether a [`DotPlan`] builds the offset tables its kernels read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tables {
+    /// Every table: a plan the kernels run.
+    Built,
+    /// None (their size follows the operands' dims): a plan whose shapes, paths and
+    /// layout decisions are those of [`Tables::Built`], for planning a run without running
+    /// it; the kernels cannot run it.
+    ShapesOnly,
+}
+
+/// [`offsets`] where `tables` builds them, else empty.
+fn table(tables: Tables, shape: &[usize], st: &[usize], dims: &[usize]) -> Vec<usize> {
+    match tables {
+        Tables::Built => offsets(shape, st, dims),
+        Tables::ShapesOnly => Vec::new(),
+    }
+}
+
 pub(super) fn offsets(shape: &[usize], st: &[usize], dims: &[usize]) -> Vec<usize> {
     let sizes: Vec<usize> = dims.iter().map(|&d| shape[d]).collect();
     let mut out = Vec::new();
@@ -192,9 +222,9 @@ pub(super) fn offsets(shape: &[usize], st: &[usize], dims: &[usize]) -> Vec<usiz
 
 impl Side {
     /// `rows` and `cols` are the dims forming matrix rows and columns, in order.
-    pub(super) fn new(shape: &[usize], batch: &[usize], rows: &[usize], cols: &[usize]) -> Side {
+    fn new(shape: &[usize], [batch, rows, cols]: [&[usize]; 3], tables: Tables) -> Side {
         let st = crate::kernels::strides(shape);
-        let view = View::new(shape, batch, rows, cols);
+        let view = View::with(shape, [batch, rows, cols], tables);
         if let (Some(rs), Some(cs)) = (
             merged_stride(shape, &st, rows),
             merged_stride(shape, &st, cols),
@@ -202,7 +232,7 @@ impl Side {
             return Side {
                 perm: None,
                 shape: shape.to_vec(),
-                batch_off: offsets(shape, &st, batch),
+                batch_off: table(tables, shape, &st, batch),
                 rs,
                 cs,
                 view,
@@ -236,7 +266,7 @@ impl Side {
         let rs = merged_stride(&pshape, &pst, &rdims).expect("contiguous after the copy");
         let cs = merged_stride(&pshape, &pst, &cdims).expect("contiguous after the copy");
         Side {
-            batch_off: offsets(&pshape, &pst, &(0..nb).collect::<Vec<_>>()),
+            batch_off: table(tables, &pshape, &pst, &(0..nb).collect::<Vec<_>>()),
             perm: Some(perm),
             shape: pshape,
             rs,
@@ -273,6 +303,12 @@ impl Side {
 impl DotPlan {
     /// Normalise a dot of `lhs` x `rhs` shapes with these dimension numbers.
     pub fn new(lhs: &[usize], rhs: &[usize], dd: &DotDims) -> DotPlan {
+        DotPlan::with_tables(lhs, rhs, dd, Tables::Built)
+    }
+
+    /// [`DotPlan::new`], building its offset tables only where `tables` says (a plan
+    /// without them has the same shapes and decisions, and cannot run).
+    pub fn with_tables(lhs: &[usize], rhs: &[usize], dd: &DotDims, tables: Tables) -> DotPlan {
         let lf = dd.lhs_free(lhs.len());
         let rf = dd.rhs_free(rhs.len());
         let prod = |s: &[usize], ds: &[usize]| ds.iter().map(|&d| s[d]).product::<usize>();
@@ -285,12 +321,15 @@ impl DotPlan {
             m,
             n,
             k: prod(lhs, &dd.lhs_contract),
-            lhs: Side::new(lhs, &dd.lhs_batch, &lf, &dd.lhs_contract),
-            rhs: Side::new(rhs, &dd.rhs_batch, &dd.rhs_contract, &rf),
+            lhs: Side::new(lhs, [&dd.lhs_batch, &lf, &dd.lhs_contract], tables),
+            rhs: Side::new(rhs, [&dd.rhs_batch, &dd.rhs_contract, &rf], tables),
             out_shape,
             groups: [dd.lhs_batch.len(), lf.len(), rf.len()],
             out: OutLayout {
-                batch_off: (0..b).map(|i| i * m * n).collect(),
+                batch_off: match tables {
+                    Tables::Built => (0..b).map(|i| i * m * n).collect(),
+                    Tables::ShapesOnly => Vec::new(),
+                },
                 rs: n,
                 cs: 1,
                 row_off: None,
@@ -299,6 +338,7 @@ impl DotPlan {
             transposed: false,
             stream_out: false,
             indicator: [false; 2],
+            tables,
         }
     }
 
@@ -342,14 +382,14 @@ impl DotPlan {
         let (ld, rd) = rest.split_at(nl);
         let (rs, row_off) = match merged_stride(&self.out_shape, &st, ld) {
             Some(rs) => (rs, None),
-            None => (0, Some(offsets(&self.out_shape, &st, ld))),
+            None => (0, Some(table(self.tables, &self.out_shape, &st, ld))),
         };
         let (cs, col_off) = match merged_stride(&self.out_shape, &st, rd) {
             Some(cs) => (cs, None),
-            None => (0, Some(offsets(&self.out_shape, &st, rd))),
+            None => (0, Some(table(self.tables, &self.out_shape, &st, rd))),
         };
         self.out = OutLayout {
-            batch_off: offsets(&self.out_shape, &st, bd),
+            batch_off: table(self.tables, &self.out_shape, &st, bd),
             rs,
             cs,
             row_off,

@@ -1,0 +1,79 @@
+//! `gshard plan`: plan a training run without running it (the `plan` crate): per-device
+//! peak memory and what it holds, whether it fits the hardware, FLOPs and collective bytes
+//! per device, and the step time on a hardware profile. A run config (`--config`) or a
+//! preset of GShard's models (`--preset`), a mesh, a hardware profile (a built-in name or
+//! a TOML file); `--json` prints one object.
+
+use anyhow::{Context, Result};
+use plan::hardware::Hardware;
+use plan::{PlanOptions, Preset};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The run config (TOML) to plan; without it and --preset, the default run.
+    #[arg(long, conflicts_with = "preset")]
+    config: Option<PathBuf>,
+    /// One of GShard's models at full size: gshard-128e-12l ... gshard-2048e-36l
+    /// (gshard-600b), gshard-2048e-60l (gshard-1t).
+    #[arg(long)]
+    preset: Option<String>,
+    /// The mesh, e.g. `expert=2048` or `data=2,expert=4` (default: the config's or preset's).
+    #[arg(long)]
+    mesh: Option<String>,
+    /// A hardware profile: tpu-v3, a100-80gb, h100-80gb, h200, this-cpu (measured now), or
+    /// a profile file ending in .toml.
+    #[arg(long, default_value = "tpu-v3")]
+    hardware: String,
+    /// Tokens the training-days figure is for.
+    #[arg(long, default_value_t = 1e12)]
+    tokens: f64,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The hardware profile `name`: a built-in, `this-cpu` measured now, or a TOML file.
+pub fn hardware(name: &str) -> Result<Hardware> {
+    if name.ends_with(".toml") {
+        let text = std::fs::read_to_string(name)
+            .with_context(|| format!("cannot read hardware profile {name}"))?;
+        return Ok(Hardware::from_toml(&text, name)?);
+    }
+    if name == "this-cpu" {
+        Hardware::built_in(name)?;
+        return Ok(Hardware::this_cpu());
+    }
+    Ok(Hardware::built_in(name)?)
+}
+
+pub fn main(a: Args) -> Result<()> {
+    let (mut cfg, label) = match (&a.preset, &a.config) {
+        (Some(name), _) => {
+            let cfg = plan::preset_config(name)?;
+            let label = Preset::find(name).map_or(name.as_str(), |p| p.name);
+            (cfg, label.to_string())
+        }
+        (None, config) => {
+            let cfg = crate::cmd::train::load_config(config.as_deref())?;
+            let label = config
+                .as_ref()
+                .map_or("the default run".to_string(), |p| p.display().to_string());
+            (cfg, label)
+        }
+    };
+    crate::cmd::train::apply_mesh(&mut cfg, None, a.mesh.as_deref())?;
+    if !(a.tokens.is_finite() && a.tokens > 0.0) {
+        anyhow::bail!("--tokens {}: use a finite count > 0", a.tokens);
+    }
+    let hw = hardware(&a.hardware)?;
+    let mut opts = PlanOptions::new(hw, &label);
+    opts.tokens = a.tokens;
+    let report = plan::plan(&cfg, &opts)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", plan::text::render(&report));
+    }
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! Hardware profiles: a device's memory, memory bandwidth and peak FLOP rate per dtype, and
+//! the links between devices with their topology. The built-in profiles are documented TOML
+//! files (`crates/plan/hardware/*.toml`, each number with its source), embedded here; a user
+//! file of the same form is read by the CLI and parsed by [`Hardware::from_toml`].
+//! `this-cpu` is measured when asked for ([`Hardware::this_cpu`]).
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// A hardware profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hardware {
+    pub name: String,
+    pub description: String,
+    pub device: Device,
+    pub network: Network,
+}
+
+/// One device.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Device {
+    /// Memory one device has, in bytes.
+    pub memory_bytes: f64,
+    /// Its memory bandwidth, bytes per second.
+    pub memory_bytes_per_s: f64,
+    /// Peak FLOP rate per dtype of the operands.
+    pub peak_flops: PeakFlops,
+    /// Every device of the mesh runs on this one machine's compute and memory (in-process
+    /// devices): a step's work is every device's, and the memory is the machine's.
+    #[serde(default)]
+    pub shared_by_devices: bool,
+}
+
+/// Peak FLOP rates, per second.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeakFlops {
+    pub bf16: f64,
+    pub f32: f64,
+    pub f64: f64,
+    pub i32: f64,
+}
+
+impl PeakFlops {
+    /// The peak for operands of `dtype` (bool counts as i32).
+    pub fn of(&self, dtype: ir::DType) -> f64 {
+        match dtype {
+            ir::DType::BF16 => self.bf16,
+            ir::DType::F32 => self.f32,
+            ir::DType::F64 => self.f64,
+            ir::DType::I32 | ir::DType::Bool => self.i32,
+        }
+    }
+}
+
+/// How devices are connected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Topology {
+    /// A bidirectional ring of the group's devices.
+    Ring,
+    /// A square 2-D torus of the group's devices (TPU's inter-chip interconnect).
+    Torus2d,
+    /// Islands of `island_size` devices on a switch (NVLink), joined by a network.
+    Islands,
+    /// Devices in one process: a collective copies through the machine's memory.
+    SharedMemory,
+}
+
+/// The links between devices.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    pub topology: Topology,
+    /// One link's bandwidth each way, bytes per second (the network's, for islands).
+    pub link_bytes_per_s: f64,
+    /// Links per device (4 on a 2-D torus).
+    #[serde(default = "one")]
+    pub links: u32,
+    /// A collective step's start-up time, seconds (alpha).
+    pub latency_s: f64,
+    /// Devices per island ([`Topology::Islands`]).
+    #[serde(default)]
+    pub island_size: Option<usize>,
+    /// Bandwidth each way of a device inside its island, bytes per second.
+    #[serde(default)]
+    pub island_bytes_per_s: Option<f64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A profile that cannot be used.
+#[derive(Debug, Error)]
+pub enum HardwareError {
+    #[error("unknown hardware `{name}`: use one of {known}, or a profile file ending in .toml")]
+    Unknown { name: String, known: String },
+    #[error("hardware profile {path}: {msg}")]
+    Parse { path: String, msg: String },
+}
+
+/// The built-in profiles: `(name, TOML text)`.
+pub const BUILT_IN: [(&str, &str); 5] = [
+    ("tpu-v3", include_str!("../hardware/tpu-v3.toml")),
+    ("a100-80gb", include_str!("../hardware/a100-80gb.toml")),
+    ("h100-80gb", include_str!("../hardware/h100-80gb.toml")),
+    ("h200", include_str!("../hardware/h200.toml")),
+    ("this-cpu", include_str!("../hardware/this-cpu.toml")),
+];
+
+impl Hardware {
+    /// Parse a profile; errors name the file and the field.
+    pub fn from_toml(text: &str, path: &str) -> Result<Hardware, HardwareError> {
+        let h: Hardware = toml::from_str(text).map_err(|e| HardwareError::Parse {
+            path: path.to_string(),
+            msg: e.to_string().replace('\n', " ").trim().to_string(),
+        })?;
+        h.validate().map_err(|msg| HardwareError::Parse {
+            path: path.to_string(),
+            msg,
+        })?;
+        Ok(h)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let rates = [
+            ("device.memory_bytes", self.device.memory_bytes),
+            ("device.memory_bytes_per_s", self.device.memory_bytes_per_s),
+            ("device.peak_flops.bf16", self.device.peak_flops.bf16),
+            ("device.peak_flops.f32", self.device.peak_flops.f32),
+            ("device.peak_flops.f64", self.device.peak_flops.f64),
+            ("device.peak_flops.i32", self.device.peak_flops.i32),
+            ("network.link_bytes_per_s", self.network.link_bytes_per_s),
+        ];
+        for (field, v) in rates {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("{field} = {v}: use a finite value > 0"));
+            }
+        }
+        if !(self.network.latency_s.is_finite() && self.network.latency_s >= 0.0) {
+            return Err("network.latency_s: use a finite value >= 0".into());
+        }
+        if self.network.links == 0 {
+            return Err("network.links = 0: use at least 1".into());
+        }
+        if self.network.topology == Topology::Islands
+            && (self.network.island_size.is_none_or(|s| s == 0)
+                || self.network.island_bytes_per_s.is_none_or(|b| b <= 0.0))
+        {
+            return Err(
+                "topology \"islands\" needs network.island_size >= 1 and network.island_bytes_per_s > 0"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// A built-in profile by name (`this-cpu` as written in its file, unmeasured: see
+    /// [`Hardware::this_cpu`]).
+    pub fn built_in(name: &str) -> Result<Hardware, HardwareError> {
+        let (_, text) =
+            BUILT_IN
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or_else(|| HardwareError::Unknown {
+                    name: name.to_string(),
+                    known: BUILT_IN.map(|(n, _)| n).join(", "),
+                })?;
+        Hardware::from_toml(text, &format!("{name}.toml"))
+    }
+
+    /// This machine, measured now (about a second): the GEMM micro-kernel's rate on every
+    /// pool thread (`runtime::probe::gemm_gflops`, as `gshard bench probe`), the rate of
+    /// copying a buffer larger than the caches (memory and collectives), the memory
+    /// available. A probe that cannot run here keeps the file's figure.
+    pub fn this_cpu() -> Hardware {
+        let mut h = Hardware::built_in("this-cpu").expect("the built-in profile parses");
+        let threads = rayon::current_num_threads().max(1) as f64;
+        if let Some(g) = runtime::probe::gemm_gflops(0.3) {
+            let f32 = g * 1e9 * threads;
+            h.device.peak_flops = PeakFlops {
+                bf16: f32,
+                f32,
+                f64: f32 / 2.0,
+                i32: f32 / 2.0,
+            };
+        }
+        let copy = copy_bytes_per_s();
+        h.device.memory_bytes_per_s = copy;
+        h.network.link_bytes_per_s = copy;
+        if let Some(avail) = train::memory::available_bytes() {
+            h.device.memory_bytes = avail as f64;
+        }
+        h
+    }
+}
+
+/// Bytes per second read plus written by copying 64 MiB buffers on every pool thread at
+/// once, the best of a few rounds.
+fn copy_bytes_per_s() -> f64 {
+    use rayon::prelude::*;
+    const LEN: usize = 16 << 20;
+    let threads = rayon::current_num_threads().max(1);
+    let src: Vec<Vec<f32>> = (0..threads).map(|t| vec![t as f32; LEN]).collect();
+    let mut dst: Vec<Vec<f32>> = (0..threads).map(|_| vec![0.0f32; LEN]).collect();
+    let mut best = f64::MAX;
+    for _ in 0..4 {
+        let t0 = std::time::Instant::now();
+        dst.par_iter_mut()
+            .zip(src.par_iter())
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    (2 * LEN * 4 * threads) as f64 / best.max(1e-9)
+}

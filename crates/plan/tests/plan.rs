@@ -1,0 +1,96 @@
+//! `plan::plan` on GShard's models: parameter counts against the paper's Table 1, a plan
+//! whose per-device program does not grow with the device count, one-line errors for bad
+//! input, and the time model's shape.
+
+use plan::hardware::Hardware;
+use plan::{plan, preset_config, PlanError, PlanOptions, Preset};
+
+fn tpu() -> PlanOptions {
+    PlanOptions::new(Hardware::built_in("tpu-v3").unwrap(), "test")
+}
+
+#[test]
+fn smallest_table1_model_has_the_papers_parameter_count_and_fits_a_tpu_v3_core() {
+    let p = Preset::find("gshard-128e-12l").unwrap();
+    let r = plan(&p.config(), &tpu()).unwrap();
+    let ratio = r.params as f64 / p.paper_params;
+    assert!(
+        (0.93..=1.07).contains(&ratio),
+        "{} vs {}",
+        r.params,
+        p.paper_params
+    );
+    assert_eq!(r.devices, 128);
+    assert_eq!(r.breakdown.total(), r.peak_bytes_per_device);
+    assert!(r.step_seconds > 0.0 && r.mfu > 0.0 && r.mfu < 1.0, "{r:?}");
+    assert!(r.flops_by_family.contains_key("matmul"));
+    assert!(r
+        .collective_bytes
+        .iter()
+        .any(|c| c.kind == "all_to_all" && c.axes == "expert"));
+    let json = serde_json::to_value(&r).unwrap();
+    for key in [
+        "params",
+        "peak_bytes_per_device",
+        "breakdown",
+        "flops_per_device",
+        "collective_bytes",
+        "step_seconds",
+    ] {
+        assert!(json.get(key).is_some(), "{key}");
+    }
+}
+
+#[test]
+fn the_per_device_program_does_not_grow_from_2_to_2048_devices() {
+    let mut cfg = preset_config("gshard-2048e-12l").unwrap();
+    let at = |cfg: &train::config::TrainConfig| plan(cfg, &tpu()).unwrap();
+    cfg.mesh.expert = 2048;
+    let wide = at(&cfg);
+    cfg.mesh.expert = 2;
+    let narrow = at(&cfg);
+    let ratio = wide.instructions as f64 / narrow.instructions as f64;
+    assert!(
+        (1.0 / 1.2..=1.2).contains(&ratio),
+        "{} vs {}",
+        wide.instructions,
+        narrow.instructions
+    );
+    let ratio = wide.plan_steps as f64 / narrow.plan_steps as f64;
+    assert!((1.0 / 1.2..=1.2).contains(&ratio));
+    assert_eq!(wide.params, narrow.params);
+    // One expert per device at 2048 devices, 1024 per device at 2: more memory.
+    assert!(narrow.peak_bytes_per_device > wide.peak_bytes_per_device);
+}
+
+#[test]
+fn bad_input_is_a_one_line_error_naming_the_fix() {
+    let e = preset_config("gshard-7e").unwrap_err();
+    assert!(matches!(e, PlanError::UnknownPreset { .. }));
+    let msg = e.to_string();
+    assert!(msg.contains("gshard-600b") && !msg.contains('\n'), "{msg}");
+    let e = Hardware::built_in("tpu-v9").unwrap_err().to_string();
+    assert!(
+        e.contains("tpu-v3") && e.contains(".toml") && !e.contains('\n'),
+        "{e}"
+    );
+    let mut cfg = preset_config("gshard-128e-12l").unwrap();
+    cfg.mesh.expert = 3;
+    let e = plan(&cfg, &tpu()).unwrap_err().to_string();
+    assert!(e.contains("use a multiple") && !e.contains('\n'), "{e}");
+    let e = Hardware::from_toml("name = 1", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("hardware profile x.toml") && !e.contains('\n'),
+        "{e}"
+    );
+}
+
+#[test]
+fn every_built_in_profile_parses() {
+    for (name, _) in plan::hardware::BUILT_IN {
+        let h = Hardware::built_in(name).unwrap();
+        assert_eq!(h.name, name);
+    }
+}
