@@ -40,6 +40,7 @@ const FIELDS: [&str; 40] = [
     "model.activation",
     "model.dropout",
     "model.label_smoothing",
+    "model.remat",
     "eval.beam",
     "eval.length_penalty",
     "optimizer.kind",

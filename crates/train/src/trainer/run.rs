@@ -142,8 +142,15 @@ pub struct Sample {
 }
 
 /// Config fields that may differ between a run and its resumption: how long it runs, where
-/// the corpus lives, and the mesh (a checkpoint loads on any mesh).
-const MAY_CHANGE_ON_RESUME: [&str; 4] = ["steps", "data.dir", "mesh.data", "mesh.expert"];
+/// the corpus lives, the mesh (a checkpoint loads on any mesh) and what the step recomputes
+/// (rematerialisation changes no value).
+const MAY_CHANGE_ON_RESUME: [&str; 5] = [
+    "steps",
+    "data.dir",
+    "mesh.data",
+    "mesh.expert",
+    "model.remat",
+];
 
 /// The dotted names of the fields in which two configs differ.
 pub fn config_diff(a: &TrainConfig, b: &TrainConfig) -> Vec<String> {
