@@ -2,10 +2,11 @@
 //! each `model.remat` policy's executor-measured peak memory per device over a training
 //! step on the main job's mesh (data=2 x expert=4, in process), the share of the step's
 //! FLOPs that recomputes forward values, and the step time. The batch is synthetic (packed
-//! rows of four 8-token pairs); memory and FLOPs do not depend on the tokens.
+//! rows of four 8-token pairs); memory and FLOPs do not depend on the tokens, the build
+//! profile or the host (step times do: read them from a release build on an idle host).
 //!
 //! ```text
-//! cargo run --release -p train --example remat_memory [-- STEPS]
+//! cargo run -p train --example remat_memory [-- STEPS]
 //! ```
 
 use ir::{DType, Type};
