@@ -73,7 +73,7 @@ fn every_policy_gives_the_training_steps_gradients_bit_for_bit() {
         "the step reads no random numbers"
     );
     let want = runtime::reference::run(&p, &ins).unwrap();
-    let want_exec = runtime::run_devices(&p, &InProcess::new(1), &[ins.clone()])
+    let want_exec = runtime::run_devices(&p, &InProcess::new(1), std::slice::from_ref(&ins))
         .unwrap()
         .outputs
         .remove(0);
@@ -82,10 +82,11 @@ fn every_policy_gives_the_training_steps_gradients_bit_for_bit() {
         assert!(!r.recomputed.is_empty(), "{policy}: nothing recomputed");
         // Reference interpreter and executor (native kernels) alike.
         let got = runtime::reference::run(&r.program, &ins).unwrap();
-        let got_exec = runtime::run_devices(&r.program, &InProcess::new(1), &[ins.clone()])
-            .unwrap()
-            .outputs
-            .remove(0);
+        let got_exec =
+            runtime::run_devices(&r.program, &InProcess::new(1), std::slice::from_ref(&ins))
+                .unwrap()
+                .outputs
+                .remove(0);
         assert_eq!(want.len(), got.len());
         for (name, w) in &want {
             assert_eq!(bits(&got[name]), bits(w), "{policy}: `{name}` (reference)");
@@ -198,7 +199,7 @@ fn deep_step() -> (Program, HashMap<String, HostTensor>) {
 fn recomputing_layers_lowers_the_measured_peak_memory() {
     let (p, ins) = deep_step();
     let peak = |q: &Program| {
-        runtime::run_devices(q, &InProcess::new(1), &[ins.clone()])
+        runtime::run_devices(q, &InProcess::new(1), std::slice::from_ref(&ins))
             .unwrap()
             .peak_bytes_per_device
     };

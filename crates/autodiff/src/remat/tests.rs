@@ -17,7 +17,7 @@ fn f64s(shape: &[usize]) -> Type {
 fn two_layers() -> Program {
     let b = Builder::new();
     let mut x = b.param("x", f64s(&[3, 4]));
-    let seed = b.param("seed", Type::new(DType::I32, &[]));
+    let seed = b.param("seed", Type::new(DType::I32, []));
     for l in 0..2 {
         let _s = b.scope(&format!("enc/layer{l}"));
         let w = b.param(&format!("w{l}"), f64s(&[4, 4]));
