@@ -11,7 +11,12 @@
 //! code contains no dead work. New instructions carry no sharding; propagation fills it.
 //! Each carries the scope of the forward instruction it differentiates, marked `grad`; the
 //! copy that puts an annotation back on a cotangent has the scope of that cotangent.
+//!
+//! [`remat::remat`] then trades FLOPs for memory: it recomputes in the backward pass the
+//! forward values that a [`remat::Policy`] (per layer, all but dot products, or checkpoint
+//! scopes) does not keep alive.
 
+pub mod remat;
 pub mod rules;
 
 use ir::{Builder, Op, Program, Type, Value, ValueId};

@@ -3,8 +3,10 @@
 //!
 //! A program keeps one [`Scopes`] table; every instruction holds a [`ScopeId`] into it (4
 //! bytes, copied with the instruction, never a string per instruction). Scopes are metadata:
-//! no pass reads them to decide what to compute, and two programs are equal when their
-//! instructions have equal scope paths and markers, whatever the ids.
+//! no pass reads them to decide what to compute, except rematerialisation, which chooses
+//! what to recompute by them (the backward pass, layers, checkpoint regions) and never
+//! changes a value; two programs are equal when their instructions have equal scope paths
+//! and markers, whatever the ids.
 
 use std::collections::HashMap;
 use std::fmt;

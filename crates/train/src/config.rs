@@ -199,6 +199,11 @@ pub struct ModelConfig {
     pub activation: String,
     pub dropout: f64,
     pub label_smoothing: f64,
+    /// Rematerialisation of the training step: "none" (keep every activation the backward
+    /// pass reads), "layer" (keep each layer's output, recompute the layer's forward pass in
+    /// its backward pass), "dots" (keep dot-product outputs, recompute the rest) or
+    /// "scopes:PATH,PATH" (checkpoint regions: these scopes recomputed like layers).
+    pub remat: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -293,6 +298,7 @@ impl Default for ModelConfig {
             activation: "relu".into(),
             dropout: 0.0,
             label_smoothing: 0.1,
+            remat: "none".into(),
         }
     }
 }
@@ -513,6 +519,7 @@ impl TrainConfig {
             }
         }
         self.policy()?;
+        self.remat()?;
         self.activation()?;
         self.gating()?;
         self.balance()?;
@@ -622,6 +629,12 @@ impl TrainConfig {
                 "model.balance = {other:?}: use \"aux_loss\" or \"bias\""
             ))),
         }
+    }
+
+    /// The training step's rematerialisation policy (`model.remat`).
+    pub fn remat(&self) -> Result<autodiff::remat::Policy, ConfigError> {
+        autodiff::remat::Policy::parse(&self.model.remat)
+            .map_err(|e| ConfigError::Invalid(format!("model.remat: {e}")))
     }
 
     fn activation(&self) -> Result<Activation, ConfigError> {

@@ -42,11 +42,16 @@ pub struct Args {
     /// mesh axis (`data`, `expert` or `model`), gathered before use.
     #[arg(long)]
     shard_weights: Option<String>,
+    /// Rematerialisation (`model.remat`): `none`, `layer` (recompute each layer's forward
+    /// pass in its backward pass), `dots` (keep only dot-product outputs) or
+    /// `scopes:PATH,PATH`; less memory for more FLOPs, the same values.
+    #[arg(long, value_name = "POLICY")]
+    remat: Option<String>,
     /// Corpus directory (built with the default sources when absent).
     #[arg(long)]
     data: Option<String>,
     /// Continue from the run directory's last checkpoint, with the run's own config.toml
-    /// (a --config may change only `steps`, `data.dir` and the mesh).
+    /// (a --config may change only `steps`, `data.dir`, the mesh and `model.remat`).
     #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
     /// Replace the run the directory holds (without it, such a directory is refused).
@@ -197,6 +202,9 @@ fn train_main(a: Args, mpi: Mpi) -> Result<()> {
     }
     if let Some(d) = a.data {
         cfg.data.dir = d;
+    }
+    if let Some(r) = &a.remat {
+        cfg.model.remat = r.clone();
     }
     apply_mesh(&mut cfg, a.devices, a.mesh.as_deref())?;
     if let Some(axis) = &a.shard_weights {

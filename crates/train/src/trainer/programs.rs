@@ -32,6 +32,8 @@ pub struct StepProgram {
     /// Non-trainable model state (`Programs::buffers`).
     pub buffers: Vec<ParamSpec>,
     pub moe_layers: Vec<String>,
+    /// The instructions that recompute forward values in the backward pass (`model.remat`).
+    pub recomputed: Vec<ir::ValueId>,
 }
 
 /// Build the training step of `cfg` (not partitioned; `gshard export train-step`).
@@ -63,18 +65,30 @@ pub fn step_program(cfg: &TrainConfig, vocab: usize) -> Result<StepProgram, Trai
     let names: Vec<String> = built.params.iter().map(|s| s.name.clone()).collect();
     let wrt: Vec<&str> = names.iter().map(String::as_str).collect();
     let with_grads = autodiff::grad(&fwd, "loss", &wrt)?;
+    // Recompute what the policy does not keep before the optimizer reads the gradients
+    // (and before partitioning, so the recomputed code gets its collectives too).
+    let policy = cfg.remat()?;
+    let autodiff::remat::Rematerialised {
+        program: with_grads,
+        recomputed,
+    } = autodiff::remat::remat(&with_grads, &policy)?;
     let b = Builder::from_program(with_grads);
     cfg.optimizer.append_update(&b, &built.params)?;
     let mut program = guard_nonfinite(&b, &built.params).map_err(TrainError::Model)?;
     // Keep only what the loop reads: metrics and the new state (the gradients themselves
     // are consumed by the update).
     program.outputs.retain(|(n, _)| !n.starts_with("grad_"));
-    program.prune();
+    let new_ids = program.prune();
+    let recomputed = recomputed
+        .iter()
+        .filter_map(|v| new_ids[v.index()])
+        .collect();
     Ok(StepProgram {
         program,
         params: built.params,
         buffers: built.buffers,
         moe_layers,
+        recomputed,
     })
 }
 
@@ -87,6 +101,7 @@ pub fn build_programs(cfg: &TrainConfig, vocab: usize) -> Result<Programs, Train
         params,
         buffers,
         moe_layers,
+        ..
     } = step_program(cfg, vocab)?;
     let state = cfg.optimizer.state_specs(&params);
 

@@ -144,14 +144,16 @@ pub struct Sample {
 }
 
 /// Config fields that may differ between a run and its resumption: how long it runs, where
-/// the corpus lives, and the mesh (a checkpoint loads on any mesh).
-const MAY_CHANGE_ON_RESUME: [&str; 6] = [
+/// the corpus lives, the mesh and the weight sharding (a checkpoint loads on any mesh) and
+/// what the step recomputes (rematerialisation changes no value).
+const MAY_CHANGE_ON_RESUME: [&str; 7] = [
     "steps",
     "data.dir",
     "mesh.data",
     "mesh.expert",
     "mesh.model",
     "mesh.shard_weights",
+    "model.remat",
 ];
 
 /// The dotted names of the fields in which two configs differ.

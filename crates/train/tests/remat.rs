@@ -1,0 +1,185 @@
+//! `model.remat` in training runs: a run that recomputes activations (per layer, or all but
+//! dot products) logs the metrics and saves the tensors of the run that keeps them
+//! (dropout and random routing on, two devices): the first step bit for bit, then within
+//! f32 rounding (the executor's f32 dot products may take another path in a recomputed
+//! context); a run may switch policy when it resumes; a bad policy is a one-line error.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use train::config::TrainConfig;
+use train::data::{Corpus, Pair};
+use train::trainer::{run, RunOptions};
+
+fn corpus() -> Corpus {
+    let mut pairs = Vec::new();
+    for p in testkit::phrases::phrases(400) {
+        pairs.push(Pair {
+            lang: Arc::from("de"),
+            origin: Arc::from("test"),
+            english: p.en.clone(),
+            source: p.de.clone(),
+        });
+    }
+    Corpus::from_pairs(pairs)
+}
+
+fn tiny(remat: &str) -> TrainConfig {
+    let mut c = TrainConfig {
+        steps: 4,
+        log_every: 1,
+        eval_every: 0,
+        checkpoint_every: 2,
+        ..TrainConfig::default()
+    };
+    c.mesh.data = 1;
+    c.mesh.expert = 2;
+    c.data.batch_size = 8;
+    c.data.max_len = 8;
+    c.data.dev_size = 8;
+    c.data.vocab_size = 300;
+    c.model.model_dim = 16;
+    c.model.heads = 2;
+    c.model.head_dim = 8;
+    c.model.ffn_dim = 32;
+    c.model.enc_layers = 2;
+    c.model.dec_layers = 2;
+    c.model.experts = 4;
+    c.model.group_size = 16;
+    c.model.dropout = 0.1;
+    c.model.remat = remat.to_string();
+    c
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gshard-remat-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Every step's loss and gradient norm, and every tensor of the final checkpoint.
+type Trajectory = (Vec<[f64; 2]>, Vec<(String, Vec<f64>)>);
+
+fn trajectory(dir: &Path) -> Trajectory {
+    let steps = train::metrics::read(&dir.join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.get("lr").is_some())
+        .map(|r| {
+            [
+                r["loss"].as_f64().unwrap(),
+                r["grad_norm"].as_f64().unwrap(),
+            ]
+        })
+        .collect();
+    let ck = train::checkpoint::ShardedReader::open(&dir.join("checkpoint")).unwrap();
+    let mut tensors: Vec<(String, Vec<f64>)> = ck
+        .manifest
+        .types()
+        .into_iter()
+        .map(|(k, _)| {
+            let v = ck.read_whole(&k).unwrap().to_f64_vec();
+            (k, v)
+        })
+        .collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    (steps, tensors)
+}
+
+/// `got` equals `want`: the first step bit for bit, the rest within f32 rounding.
+fn assert_same(got: &Trajectory, want: &Trajectory, what: &str) {
+    assert_eq!(got.0.len(), want.0.len(), "{what}: steps");
+    assert_eq!(got.0[0], want.0[0], "{what}: step 1 differs");
+    for (s, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
+        for (a, b) in g.iter().zip(w) {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs(),
+                "{what}: step {}: {g:?} vs {w:?}",
+                s + 1
+            );
+        }
+    }
+    assert_eq!(got.1.len(), want.1.len(), "{what}: tensors");
+    for ((n, g), (_, w)) in got.1.iter().zip(&want.1) {
+        let worst = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs() / (1e-3 + b.abs()))
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-4, "{what}: `{n}` differs by {worst:e}");
+    }
+}
+
+#[test]
+fn recomputing_runs_train_like_the_run_that_keeps_activations() {
+    let c = corpus();
+    let base = tmp("none");
+    run(
+        &tiny("none"),
+        &c,
+        &RunOptions::new(base.clone()),
+        &mut |_| {},
+    )
+    .unwrap();
+    let want = trajectory(&base);
+    assert_eq!(want.0.len(), 4);
+    assert!(!want.1.is_empty());
+    for policy in ["layer", "dots", "scopes:encoder,decoder/layer1"] {
+        let dir = tmp(&policy.replace([':', '/', ','], "-"));
+        run(
+            &tiny(policy),
+            &c,
+            &RunOptions::new(dir.clone()),
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_same(&trajectory(&dir), &want, &format!("remat {policy}"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+    // Switching the policy on resume is allowed and changes nothing.
+    let cut = tmp("switch");
+    let first = RunOptions {
+        stop_after: Some(2),
+        ..RunOptions::new(cut.clone())
+    };
+    run(&tiny("none"), &c, &first, &mut |_| {}).unwrap();
+    let resumed = RunOptions {
+        resume: true,
+        ..RunOptions::new(cut.clone())
+    };
+    run(&tiny("layer"), &c, &resumed, &mut |_| {}).unwrap();
+    let got = trajectory(&cut);
+    assert_eq!(
+        got.0, want.0,
+        "resumed with remat layer: the metrics differ"
+    );
+    assert!(
+        got.1 == want.1,
+        "resumed with remat layer: the saved tensors differ"
+    );
+    std::fs::remove_dir_all(&cut).ok();
+    std::fs::remove_dir_all(&base).ok();
+}
+
+#[test]
+fn a_bad_remat_policy_is_a_one_line_error() {
+    for (text, needle) in [
+        ("[model]\nremat = \"layers\"\n", "\"layers\""),
+        ("[model]\nremat = \"scopes:\"\n", "lists no scope"),
+    ] {
+        let e = TrainConfig::from_toml(text, "c.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("model.remat") && e.contains(needle) && !e.contains('\n'),
+            "{e}"
+        );
+    }
+    // A scope that names nothing is refused when the step is built, by name.
+    let cfg = tiny("scopes:encoder/layer9");
+    cfg.validate().unwrap();
+    let e = train::trainer::step_program(&cfg, 300)
+        .err()
+        .expect("an unknown scope is refused")
+        .to_string();
+    assert!(e.contains("`encoder/layer9`") && !e.contains('\n'), "{e}");
+}
