@@ -108,9 +108,10 @@ pub fn with_backend(args: &BackendArgs, f: impl FnOnce(Mpi) -> Result<()>) -> Re
                     AllToAllArg::Flat => runtime_mpi::AllToAllAlgo::Flat,
                     AllToAllArg::TwoLevel => runtime_mpi::AllToAllAlgo::TwoLevel,
                 },
-                hosts: args
-                    .hosts
-                    .map_or(runtime_mpi::HostLayout::ByName, runtime_mpi::HostLayout::Blocks),
+                hosts: args.hosts.map_or(
+                    runtime_mpi::HostLayout::ByName,
+                    runtime_mpi::HostLayout::Blocks,
+                ),
                 compress: runtime_mpi::Compress {
                     all_to_all: args.compress.contains(&CompressArg::AllToAll),
                     all_reduce: args.compress.contains(&CompressArg::AllReduce),

@@ -270,7 +270,10 @@ fn moe_layer_with_two_level_all_to_all_equals_in_process_bitwise() {
     success(run_for(c, Duration::from_secs(300)));
     let (a, b) = (tensors(&want), tensors(&got));
     assert!(!a.is_empty());
-    assert!(a == b, "outputs differ between one process and two-level MPI");
+    assert!(
+        a == b,
+        "outputs differ between one process and two-level MPI"
+    );
 }
 
 /// A test bed of `scripts/testbed`, removed when dropped.
@@ -360,7 +363,11 @@ fn testbed_traffic_crosses_the_limited_links() {
         // bf16 when compressing: half the bytes).
         let per_call = r["inter_host_bytes_per_call"].as_f64().unwrap();
         let f32_bytes = (4 * bytes / 2) as f64;
-        assert_eq!(per_call, f32_bytes / if compress { 2.0 } else { 1.0 }, "{r}");
+        assert_eq!(
+            per_call,
+            f32_bytes / if compress { 2.0 } else { 1.0 },
+            "{r}"
+        );
         let messages = r["inter_host_messages_per_call"].as_f64().unwrap();
         assert_eq!(messages, if algo == "flat" { 8.0 } else { 2.0 }, "{r}");
         // Warm-up and timed calls, each host sending half of them; the links also carry

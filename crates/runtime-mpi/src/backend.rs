@@ -5,8 +5,8 @@
 //! spans hosts runs [`crate::two_level`] instead when asked. Messages to ranks on other hosts
 //! are counted ([`Traffic`]).
 
-use crate::hosts::{assign_hosts, AllToAllAlgo, HostId, TwoLevel};
 use crate::compress::{narrow, widen, Compress};
+use crate::hosts::{assign_hosts, AllToAllAlgo, HostId, TwoLevel};
 use crate::{MpiError, Options, Traffic};
 use ir::{Collective, CollectiveKind, Mesh, Op};
 use mpi::datatype::Partition;
@@ -135,7 +135,8 @@ pub fn init(opts: Options) -> Result<MpiComm, MpiError> {
     let (rank, size) = (world.rank() as usize, world.size() as usize);
     // Ranks sharing this machine (they share its cores).
     let local_ranks = world.split_shared(rank as i32).size().max(1) as usize;
-    let hosts = assign_hosts(&processor_names(&world), &opts.hosts).map_err(MpiError::HostLayout)?;
+    let hosts =
+        assign_hosts(&processor_names(&world), &opts.hosts).map_err(MpiError::HostLayout)?;
     let watch = Arc::new(Watch {
         inflight: Mutex::new(None),
         stop: AtomicBool::new(false),
@@ -509,9 +510,7 @@ impl Communicator for MpiComm {
         let shape = ty.shape.clone();
         let w = ty.dtype.size_bytes();
         let mut st = self.lock();
-        let (g, traffic) = st
-            .group(mesh, axes, self.rank, &self.hosts)
-            .map_err(fail)?;
+        let (g, traffic) = st.group(mesh, axes, self.rank, &self.hosts).map_err(fail)?;
         let (c, r, k) = (&g.comm, g.rank, g.size);
         // Counts the messages to other hosts of an exchange sending `sizes[j]` bytes to j.
         let note = |traffic: &mut Traffic, sizes: &[usize]| {
@@ -535,13 +534,8 @@ impl Communicator for MpiComm {
                     (0..k).map(|j| (j * n / k, (j + 1) * n / k)).collect();
                 let sizes: Vec<usize> = bounds.iter().map(|(a, b)| (b - a) * 2).collect();
                 let mine_len = sizes[r];
-                let got = exchange(
-                    c,
-                    &narrow(&x.data.as_bytes()),
-                    &sizes,
-                    &vec![mine_len; k],
-                )
-                .map_err(fail)?;
+                let got = exchange(c, &narrow(&x.data.as_bytes()), &sizes, &vec![mine_len; k])
+                    .map_err(fail)?;
                 note(traffic, &sizes);
                 let stacked = Data::from_bytes(ty.dtype, &widen(&got)).expect("whole elements");
                 let mine = reduce_stacked(&stacked, k, *red);

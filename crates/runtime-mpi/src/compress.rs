@@ -70,7 +70,9 @@ mod tests {
         let mut s = seed;
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let u = (s >> 11) as f64 / (1u64 << 53) as f64;
                 let e = ((s >> 3) % 40) as i32 - 20;
                 ((u - 0.5) * 2f64.powi(e)) as f32

@@ -232,7 +232,10 @@ mod tests {
             let before = held.clone();
             for a in 0..k {
                 for (b, blocks) in plan.sends(step, a) {
-                    assert_eq!(plan.recvs(step, b).iter().filter(|(p, _)| *p == a).count(), 1);
+                    assert_eq!(
+                        plan.recvs(step, b).iter().filter(|(p, _)| *p == a).count(),
+                        1
+                    );
                     if plan.remote(a, b) {
                         remote += 1;
                         assert_eq!(step, 1, "only step 1 crosses hosts");

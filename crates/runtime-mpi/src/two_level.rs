@@ -70,9 +70,7 @@ pub(crate) fn all_to_all(
                 }
                 for ((peer, _), m) in sends.iter().zip(&out) {
                     let p = c.process_at_rank(*peer as i32);
-                    guards.push(WaitGuard::from(
-                        p.immediate_send_with_tag(sc, &m[..], tag),
-                    ));
+                    guards.push(WaitGuard::from(p.immediate_send_with_tag(sc, &m[..], tag)));
                 }
                 drop(guards);
             });

@@ -43,7 +43,10 @@ fn check(args: &[&str]) -> String {
 #[test]
 fn every_collective_over_mpi_equals_in_process() {
     let out = check(&[]);
-    assert!(out.is_empty() || out.contains(" 0 compressed results inexact"), "{out}");
+    assert!(
+        out.is_empty() || out.contains(" 0 compressed results inexact"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -29,7 +29,12 @@ pub struct CollectiveBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "1048576,16777216")]
     bytes: Vec<usize>,
     /// Collectives to time, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "all-to-all,all-reduce")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "all-to-all,all-reduce"
+    )]
     ops: Vec<BenchOp>,
     /// Timed iterations per size and collective (the median is reported).
     #[arg(long, default_value_t = 20)]
@@ -118,9 +123,8 @@ fn bench(a: &CollectiveBenchArgs, mpi: Mpi) -> Result<()> {
                 sent.inter_host_messages - before.inter_host_messages,
                 sent.inter_host_bytes - before.inter_host_bytes,
             ];
-            let all_sent = comm.all_gather_bytes(
-                mine_sent.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            )?;
+            let all_sent =
+                comm.all_gather_bytes(mine_sent.iter().flat_map(|v| v.to_le_bytes()).collect())?;
             let total = |i: usize| -> u64 {
                 all_sent
                     .iter()

@@ -12,8 +12,8 @@
 //! results that differ from the exact ones, within the bounds).
 
 use ir::{CollectiveKind, DType, Mesh, Op, ReduceOp, Type};
-use runtime_mpi::compress::{ALL_REDUCE_BOUND, ALL_TO_ALL_BOUND};
 use runtime::{Communicator, HostTensor, InProcess};
+use runtime_mpi::compress::{ALL_REDUCE_BOUND, ALL_TO_ALL_BOUND};
 
 /// A deterministic operand for `(case, pos)`: small integers (so sums are exact in every
 /// dtype but still order-sensitive through rounding at bf16) and some negative zeros.
@@ -36,15 +36,15 @@ fn options() -> Result<runtime_mpi::Options, String> {
         let v = args.next().ok_or(format!("{a} needs a value"))?;
         match (a.as_str(), v.as_str()) {
             ("--all-to-all", "flat") => opts.all_to_all = runtime_mpi::AllToAllAlgo::Flat,
-            ("--all-to-all", "two-level") => {
-                opts.all_to_all = runtime_mpi::AllToAllAlgo::TwoLevel
-            }
+            ("--all-to-all", "two-level") => opts.all_to_all = runtime_mpi::AllToAllAlgo::TwoLevel,
             ("--compress", list) => {
                 for kind in list.split(',') {
                     match kind {
                         "all-to-all" => opts.compress.all_to_all = true,
                         "all-reduce" => opts.compress.all_reduce = true,
-                        _ => return Err(format!("--compress {kind}: use all-to-all or all-reduce")),
+                        _ => {
+                            return Err(format!("--compress {kind}: use all-to-all or all-reduce"))
+                        }
                     }
                 }
             }
@@ -54,7 +54,11 @@ fn options() -> Result<runtime_mpi::Options, String> {
                         .map_err(|_| format!("--hosts {n}: give a whole number"))?,
                 )
             }
-            _ => return Err(format!("unknown option {a} {v}: use --all-to-all flat|two-level or --hosts N")),
+            _ => {
+                return Err(format!(
+                    "unknown option {a} {v}: use --all-to-all flat|two-level or --hosts N"
+                ))
+            }
         }
     }
     Ok(opts)
