@@ -21,6 +21,26 @@ pub enum Backend {
     Mpi,
 }
 
+/// How an all-to-all whose replica group spans hosts moves its blocks (MPI backend).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AllToAllArg {
+    /// Every rank sends one message to every other rank.
+    #[default]
+    Flat,
+    /// Within each host first (shared memory), then one message per pair of hosts, then
+    /// within each host again: fewer, larger messages between hosts, the same result.
+    TwoLevel,
+}
+
+/// A collective kind whose f32 payloads may travel as bf16 (MPI backend).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompressArg {
+    /// MoE dispatch and combine: each element within 2^-8 relative.
+    AllToAll,
+    /// Gradient sums (summed in f32): within 2^-7 of the sum of magnitudes.
+    AllReduce,
+}
+
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct BackendArgs {
     /// Where the devices run: `inprocess`, or `mpi` (one device per rank, under mpirun).
@@ -30,6 +50,38 @@ pub struct BackendArgs {
     /// for its peers (a rank hung or died).
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     pub peer_timeout: u64,
+    /// MPI backend: how all-to-alls whose group spans hosts move their blocks.
+    #[arg(long, value_enum, default_value_t = AllToAllArg::Flat)]
+    pub all_to_all: AllToAllArg,
+    /// MPI backend: treat the ranks as this many hosts of consecutive ranks (default: ranks
+    /// with the same machine name share a host).
+    #[arg(long, value_name = "N")]
+    pub hosts: Option<usize>,
+    /// MPI backend: send the f32 payloads of these collective kinds as bf16 (half the
+    /// bytes; comma-separated: all-to-all, all-reduce).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub compress: Vec<CompressArg>,
+}
+
+impl BackendArgs {
+    /// The all-to-all algorithm as the CLI spells it.
+    pub fn all_to_all_name(&self) -> &'static str {
+        match self.all_to_all {
+            AllToAllArg::Flat => "flat",
+            AllToAllArg::TwoLevel => "two-level",
+        }
+    }
+
+    /// The compressed collective kinds as the CLI spells them.
+    pub fn compress_names(&self) -> Vec<&'static str> {
+        self.compress
+            .iter()
+            .map(|c| match c {
+                CompressArg::AllToAll => "all-to-all",
+                CompressArg::AllReduce => "all-reduce",
+            })
+            .collect()
+    }
 }
 
 /// What a command gets from [`with_backend`]: the MPI communicator, or `None` for the
@@ -40,10 +92,30 @@ pub type Mpi = Option<Arc<runtime_mpi::MpiComm>>;
 /// whole job with exit code 2 through MPI_Abort.
 pub fn with_backend(args: &BackendArgs, f: impl FnOnce(Mpi) -> Result<()>) -> Result<()> {
     match args.backend {
-        Backend::Inprocess => f(None),
+        Backend::Inprocess => {
+            if args.all_to_all != AllToAllArg::Flat
+                || args.hosts.is_some()
+                || !args.compress.is_empty()
+            {
+                anyhow::bail!("--all-to-all, --hosts and --compress apply to the MPI backend; add `--backend mpi` and launch under mpirun, or drop them");
+            }
+            f(None)
+        }
         Backend::Mpi => {
             let comm = Arc::new(runtime_mpi::init(runtime_mpi::Options {
                 peer_timeout: Duration::from_secs(args.peer_timeout.max(1)),
+                all_to_all: match args.all_to_all {
+                    AllToAllArg::Flat => runtime_mpi::AllToAllAlgo::Flat,
+                    AllToAllArg::TwoLevel => runtime_mpi::AllToAllAlgo::TwoLevel,
+                },
+                hosts: args.hosts.map_or(
+                    runtime_mpi::HostLayout::ByName,
+                    runtime_mpi::HostLayout::Blocks,
+                ),
+                compress: runtime_mpi::Compress {
+                    all_to_all: args.compress.contains(&CompressArg::AllToAll),
+                    all_reduce: args.compress.contains(&CompressArg::AllReduce),
+                },
             })?);
             let (rank, size) = (comm.rank(), comm.size());
             // Ranks on one machine share its cores: give each rank's kernels its share

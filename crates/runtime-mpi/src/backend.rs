@@ -1,9 +1,13 @@
 //! The MPI communicator: one mesh position per rank; every collective is one or two
 //! `MPI_Alltoallv`/`MPI_Allgatherv` calls on a sub-communicator of the replica group
 //! (created once per mesh and axis set with `MPI_Comm_split`, keyed by the rank in the group
-//! so that sub-communicator rank = group rank), under a watchdog.
+//! so that sub-communicator rank = group rank), under a watchdog. An all-to-all whose group
+//! spans hosts runs [`crate::two_level`] instead when asked. Messages to ranks on other hosts
+//! are counted ([`Traffic`]).
 
-use crate::{MpiError, Options};
+use crate::compress::{narrow, widen, Compress};
+use crate::hosts::{assign_hosts, AllToAllAlgo, HostId, TwoLevel};
+use crate::{MpiError, Options, Traffic};
 use ir::{Collective, CollectiveKind, Mesh, Op};
 use mpi::datatype::Partition;
 use mpi::datatype::PartitionMut;
@@ -23,10 +27,21 @@ use std::time::{Duration, Instant};
 /// Raw MPI state. Field order is drop order: sub-communicators are freed before the
 /// universe finalizes MPI.
 struct State {
-    /// (mesh text, axes) -> (sub-communicator, rank in group, group size).
-    groups: HashMap<(String, Vec<String>), (SimpleCommunicator, usize, usize)>,
+    /// (mesh text, axes) -> this rank's replica group.
+    groups: HashMap<(String, Vec<String>), Group>,
     world: SimpleCommunicator,
+    /// What this rank sent to other hosts.
+    traffic: Traffic,
     _universe: Universe,
+}
+
+/// A replica group: its sub-communicator, this rank's rank in it, and its two-level
+/// schedule (which also says which members are on other hosts).
+struct Group {
+    comm: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    plan: TwoLevel,
 }
 
 // SAFETY: MPI is initialised with MPI_THREAD_MULTIPLE (checked in `init`), so its handles may
@@ -86,6 +101,27 @@ pub struct MpiComm {
     rank: usize,
     size: usize,
     local_ranks: usize,
+    hosts: Vec<HostId>,
+    all_to_all: AllToAllAlgo,
+    compress: Compress,
+}
+
+/// Every rank's processor name (`MPI_Get_processor_name`), in rank order.
+fn processor_names(world: &SimpleCommunicator) -> Vec<String> {
+    const W: usize = 256;
+    let mut mine = [0u8; W];
+    let name = mpi::environment::processor_name().unwrap_or_default();
+    let b = name.as_bytes();
+    let n = b.len().min(W);
+    mine[..n].copy_from_slice(&b[..n]);
+    let mut all = vec![0u8; W * world.size() as usize];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    all.chunks(W)
+        .map(|c| {
+            let end = c.iter().position(|&x| x == 0).unwrap_or(W);
+            String::from_utf8_lossy(&c[..end]).into_owned()
+        })
+        .collect()
 }
 
 /// Initialise MPI (MPI_THREAD_MULTIPLE) and start the watchdog.
@@ -99,6 +135,8 @@ pub fn init(opts: Options) -> Result<MpiComm, MpiError> {
     let (rank, size) = (world.rank() as usize, world.size() as usize);
     // Ranks sharing this machine (they share its cores).
     let local_ranks = world.split_shared(rank as i32).size().max(1) as usize;
+    let hosts =
+        assign_hosts(&processor_names(&world), &opts.hosts).map_err(MpiError::HostLayout)?;
     let watch = Arc::new(Watch {
         inflight: Mutex::new(None),
         stop: AtomicBool::new(false),
@@ -114,6 +152,7 @@ pub fn init(opts: Options) -> Result<MpiComm, MpiError> {
         state: Mutex::new(State {
             groups: HashMap::new(),
             world,
+            traffic: Traffic::default(),
             _universe: universe,
         }),
         watch,
@@ -121,6 +160,9 @@ pub fn init(opts: Options) -> Result<MpiComm, MpiError> {
         rank,
         size,
         local_ranks,
+        hosts,
+        all_to_all: opts.all_to_all,
+        compress: opts.compress,
     })
 }
 
@@ -316,6 +358,27 @@ fn pieces(bytes: &[u8], lens: &[usize], dtype: ir::DType) -> Vec<Data> {
         .collect()
 }
 
+/// The k received all-to-all blocks (`got`, `piece` bytes each, from ranks 0..k, each of
+/// shape `bs`) concatenated along `concat` into a result of shape `os`.
+fn place_blocks(
+    got: &[u8],
+    (piece, k): (usize, usize),
+    dtype: ir::DType,
+    bs: &[usize],
+    os: &[usize],
+    concat: usize,
+) -> Data {
+    if outermost(bs, concat) {
+        return Data::from_bytes(dtype, got).expect("whole elements");
+    }
+    let cl = bs[concat];
+    let mut out = runtime::kernels::zeros(dtype, os.iter().product());
+    for (j, p) in pieces(got, &vec![piece; k], dtype).iter().enumerate() {
+        move_block(p, bs, concat, 0, cl, &mut out, os, concat, j * cl);
+    }
+    out
+}
+
 impl MpiComm {
     /// This process's rank in `MPI_COMM_WORLD` (= the mesh position it runs).
     pub fn rank(&self) -> usize {
@@ -346,6 +409,16 @@ impl MpiComm {
         format!("rank {} of {} on {host} ({lib})", self.rank, self.size)
     }
 
+    /// What this rank has sent to ranks on other hosts so far.
+    pub fn traffic(&self) -> Traffic {
+        self.lock().traffic
+    }
+
+    /// Every rank's host, in rank order.
+    pub fn hosts(&self) -> &[HostId] {
+        &self.hosts
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -360,7 +433,8 @@ impl State {
         mesh: &Mesh,
         axes: &[String],
         rank: usize,
-    ) -> Result<(&SimpleCommunicator, usize, usize), String> {
+        hosts: &[HostId],
+    ) -> Result<(&Group, &mut Traffic), String> {
         let key = (mesh.to_string(), axes.to_vec());
         if !self.groups.contains_key(&key) {
             let groups = mesh.groups(axes);
@@ -374,10 +448,18 @@ impl State {
                 .world
                 .split_by_color_with_key(Color::with_value(gi as i32), r as i32)
                 .ok_or("MPI_Comm_split returned no communicator")?;
-            self.groups.insert(key.clone(), (c, r, k));
+            let plan = TwoLevel::new(&groups[gi].iter().map(|&p| hosts[p]).collect::<Vec<_>>());
+            self.groups.insert(
+                key.clone(),
+                Group {
+                    comm: c,
+                    rank: r,
+                    size: k,
+                    plan,
+                },
+            );
         }
-        let (c, r, k) = &self.groups[&key];
-        Ok((c, *r, *k))
+        Ok((&self.groups[&key], &mut self.traffic))
     }
 }
 
@@ -428,11 +510,42 @@ impl Communicator for MpiComm {
         let shape = ty.shape.clone();
         let w = ty.dtype.size_bytes();
         let mut st = self.lock();
-        let (c, r, k) = st.group(mesh, axes, self.rank).map_err(fail)?;
+        let (g, traffic) = st.group(mesh, axes, self.rank, &self.hosts).map_err(fail)?;
+        let (c, r, k) = (&g.comm, g.rank, g.size);
+        // Counts the messages to other hosts of an exchange sending `sizes[j]` bytes to j.
+        let note = |traffic: &mut Traffic, sizes: &[usize]| {
+            for (j, &n) in sizes.iter().enumerate() {
+                if n > 0 && g.plan.remote(r, j) {
+                    traffic.inter_host_messages += 1;
+                    traffic.inter_host_bytes += n as u64;
+                }
+            }
+        };
         let _watch = self
             .watch
             .guard(format!("{} at instruction %{index}", op.name()));
         let out = match kind {
+            CollectiveKind::AllReduce { op: red }
+                if self.compress.all_reduce && ty.dtype == ir::DType::F32 =>
+            {
+                // The same reduce-scatter and all-gather with bf16 payloads.
+                let n = x.data.len();
+                let bounds: Vec<(usize, usize)> =
+                    (0..k).map(|j| (j * n / k, (j + 1) * n / k)).collect();
+                let sizes: Vec<usize> = bounds.iter().map(|(a, b)| (b - a) * 2).collect();
+                let mine_len = sizes[r];
+                let got = exchange(c, &narrow(&x.data.as_bytes()), &sizes, &vec![mine_len; k])
+                    .map_err(fail)?;
+                note(traffic, &sizes);
+                let stacked = Data::from_bytes(ty.dtype, &widen(&got)).expect("whole elements");
+                let mine = reduce_stacked(&stacked, k, *red);
+                let all = gather_all(c, &narrow(&mine.as_bytes()), &sizes).map_err(fail)?;
+                note(traffic, &vec![mine_len; k]);
+                HostTensor {
+                    ty: ty.clone(),
+                    data: Data::from_bytes(ty.dtype, &widen(&all)).expect("whole elements"),
+                }
+            }
             CollectiveKind::AllReduce { op: red } => {
                 let n = x.data.len();
                 let bounds: Vec<(usize, usize)> =
@@ -445,8 +558,10 @@ impl Communicator for MpiComm {
                     exchange_into(c, &x.data.as_bytes(), &sizes, &vec![(b - a) * w; k], recv)
                 })
                 .map_err(fail)?;
+                note(traffic, &sizes);
                 let mine = reduce_stacked(&stacked, k, *red);
                 // All-gather of the reduced chunks.
+                note(traffic, &vec![sizes[r]; k]);
                 let data = typed(ty.dtype, n, |r| gather_into(c, &mine.as_bytes(), &sizes, r))
                     .map_err(fail)?;
                 HostTensor {
@@ -465,6 +580,7 @@ impl Communicator for MpiComm {
                     exchange_into(c, &send, &counts, &counts, recv)
                 })
                 .map_err(fail)?;
+                note(traffic, &counts);
                 HostTensor {
                     ty: ty.with_shape(os),
                     data: reduce_stacked(&stacked, k, *red),
@@ -474,6 +590,7 @@ impl Communicator for MpiComm {
                 let piece = x.data.len() * w;
                 let mut os = shape.clone();
                 os[*dim] *= k;
+                note(traffic, &vec![piece; k]);
                 let data = if outermost(&shape, *dim) {
                     // Blocks along the outermost non-trivial dim: the gather order is the
                     // layout.
@@ -515,31 +632,35 @@ impl Communicator for MpiComm {
                 let send = blocks_along(&x.data, &shape, *split_dim, k);
                 let mut os = bs.clone();
                 os[*concat_dim] *= k;
-                let cl = bs[*concat_dim];
                 let counts = vec![piece; k];
-                let out = if outermost(&bs, *concat_dim) {
+                let two_level = self.all_to_all == AllToAllAlgo::TwoLevel && g.plan.helps();
+                let bf16 = self.compress.all_to_all && ty.dtype == ir::DType::F32;
+                let out = if two_level || bf16 {
+                    // Raw bytes in (bf16 when compressing), blocks placed afterwards.
+                    let (wire, wp) = if bf16 {
+                        (Cow::Owned(narrow(&send)), piece / 2)
+                    } else {
+                        (send, piece)
+                    };
+                    let got = if two_level {
+                        crate::two_level::all_to_all(c, &g.plan, r, &wire, wp, traffic)
+                    } else {
+                        note(traffic, &vec![wp; k]);
+                        exchange(c, &wire, &vec![wp; k], &vec![wp; k]).map_err(fail)?
+                    };
+                    let got = if bf16 { widen(&got) } else { got };
+                    place_blocks(&got, (piece, k), ty.dtype, &bs, &os, *concat_dim)
+                } else if outermost(&bs, *concat_dim) {
+                    note(traffic, &counts);
                     // Blocks from ranks 0..k land back to back: the receive order is the layout.
                     typed(ty.dtype, x.data.len(), |r| {
                         exchange_into(c, &send, &counts, &counts, r)
                     })
                     .map_err(fail)?
                 } else {
+                    note(traffic, &counts);
                     let got = exchange(c, &send, &counts, &counts).map_err(fail)?;
-                    let mut out = runtime::kernels::zeros(ty.dtype, os.iter().product());
-                    for (j, p) in pieces(&got, &vec![piece; k], ty.dtype).iter().enumerate() {
-                        move_block(
-                            p,
-                            &bs,
-                            *concat_dim,
-                            0,
-                            cl,
-                            &mut out,
-                            &os,
-                            *concat_dim,
-                            j * cl,
-                        );
-                    }
-                    out
+                    place_blocks(&got, (piece, k), ty.dtype, &bs, &os, *concat_dim)
                 };
                 HostTensor {
                     ty: ty.with_shape(os),
@@ -564,6 +685,7 @@ impl Communicator for MpiComm {
                     rcounts[s] = bytes.len();
                 }
                 let got = exchange(c, &send, &scounts, &rcounts).map_err(fail)?;
+                note(traffic, &scounts);
                 let data = if got.is_empty() && !bytes.is_empty() {
                     runtime::kernels::zeros(ty.dtype, x.data.len())
                 } else {

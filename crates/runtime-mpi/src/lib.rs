@@ -15,6 +15,13 @@
 //! thread that aborts the job when a collective waits on its peers longer than
 //! [`Options::peer_timeout`].
 //!
+//! An all-to-all whose group spans hosts may run as a two-level exchange
+//! ([`AllToAllAlgo::TwoLevel`], schedule in [`hosts`]): one message per pair of hosts
+//! instead of one per pair of ranks, with the same result bit for bit. Hosts are the ranks'
+//! processor names, or [`HostLayout::Blocks`]. [`Traffic`] counts what crossed hosts.
+//! [`Compress`] opts all-to-alls and all-reduces of f32 into bf16 payloads (half the bytes,
+//! within the error bounds stated in [`compress`]).
+//!
 //! Without the `mpi` cargo feature this crate builds a stand-in whose [`init`] returns an
 //! error that says how to build an MPI-enabled binary, so the workspace builds and tests on
 //! machines without OpenMPI.
@@ -22,8 +29,15 @@
 use std::time::Duration;
 use thiserror::Error;
 
+pub mod compress;
+pub mod hosts;
+pub use compress::Compress;
+pub use hosts::{AllToAllAlgo, HostId, HostLayout};
+
 #[cfg(feature = "mpi")]
 mod backend;
+#[cfg(feature = "mpi")]
+mod two_level;
 #[cfg(feature = "mpi")]
 pub use backend::{abort, active, init, MpiComm};
 
@@ -41,12 +55,21 @@ pub struct Options {
     /// A collective that waits longer than this for its peers aborts the whole job (a peer
     /// hung, or died without mpirun noticing).
     pub peer_timeout: Duration,
+    /// How all-to-alls whose group spans hosts move their blocks.
+    pub all_to_all: AllToAllAlgo,
+    /// Which ranks share a host.
+    pub hosts: HostLayout,
+    /// Which collective kinds send f32 payloads as bf16 ([`compress`]).
+    pub compress: Compress,
 }
 
 impl Default for Options {
     fn default() -> Options {
         Options {
             peer_timeout: Duration::from_secs(300),
+            all_to_all: AllToAllAlgo::Flat,
+            hosts: HostLayout::ByName,
+            compress: Compress::default(),
         }
     }
 }
@@ -58,6 +81,16 @@ pub enum MpiError {
     NotBuilt,
     #[error("MPI could not be initialised (was it initialised twice?)")]
     Init,
+    #[error("{0}")]
+    HostLayout(String),
     #[error("MPI provides thread level {0:?}, but gshard needs MPI_THREAD_MULTIPLE or MPI_THREAD_SERIALIZED (its watchdog may abort from a second thread)")]
     Threading(String),
+}
+
+/// Messages and payload bytes this rank sent to ranks on other hosts, over all collectives
+/// since start (the messages the algorithms post; MPI's own control traffic is not counted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub inter_host_messages: u64,
+    pub inter_host_bytes: u64,
 }

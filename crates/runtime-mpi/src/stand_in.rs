@@ -1,7 +1,7 @@
 //! The stand-in built without the `mpi` feature: [`init`] explains how to get an MPI build,
 //! and [`MpiComm`] has no values, so code written against the backend type-checks everywhere.
 
-use crate::{MpiError, Options};
+use crate::{HostId, MpiError, Options, Traffic};
 use ir::{Mesh, Op};
 use runtime::{CommError, Communicator, HostTensor};
 
@@ -37,6 +37,14 @@ impl MpiComm {
     }
 
     pub fn describe(&self) -> String {
+        match *self {}
+    }
+
+    pub fn traffic(&self) -> Traffic {
+        match *self {}
+    }
+
+    pub fn hosts(&self) -> &[HostId] {
         match *self {}
     }
 }
