@@ -19,6 +19,10 @@
 //! The step therefore routes dropless: its `B` tokens form one group per device of the batch
 //! axes, with capacity equal to the group size, and the full program it is compared with must
 //! be dropless too (capacity `C >= S`, see [`dropless`]).
+//!
+//! Both programs run in the model's master dtype whatever its
+//! [`crate::transformer::Precision`] (mixed precision is a training setting; a run trained
+//! in bf16 decodes from its f32 weights).
 
 use crate::layers::{
     attn_logits, attn_output, attn_project, attn_queries, attn_weight, attn_weights, embed,
@@ -135,6 +139,7 @@ pub fn build_encoder(
         cfg.enc_layers > 0,
         "build_encoder: the model has no encoder"
     );
+    let cfg = &cfg.full_precision();
     let dt = cfg.dtype;
     let mut p = Params::new(b, dt).shard_weights(&layout.weight_axes);
     let mut cx = Ctx::eval(cfg, layout);
@@ -214,7 +219,7 @@ pub fn build_step(
             capacity: per,
             ..mc.clone()
         }),
-        ..cfg.clone()
+        ..cfg.full_precision()
     };
     let cfg = &step_cfg;
     let (dt, m, heads, hd) = (cfg.dtype, cfg.model_dim, cfg.heads, cfg.head_dim);
@@ -368,6 +373,7 @@ mod tests {
             dropout: 0.0,
             label_smoothing: 0.0,
             dtype: DType::F32,
+            precision: crate::transformer::Precision::Full,
         }
     }
 

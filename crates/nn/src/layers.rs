@@ -12,18 +12,53 @@ pub fn linear(x: &Value, w: &Value) -> Value {
 }
 
 /// Scale-only RMS norm over the last dim (GShard/Lingvo `_LNInternal`): `x rsqrt(mean x^2 + eps) g`.
+/// An `x` in a narrower dtype than the parameters' (mixed precision) has its squares summed
+/// in the parameters' dtype ([`norm_scale`]) and is scaled in its own.
 pub fn rms_norm(p: &mut Params, x: &Value, eps: f64) -> Result<Value, ShardingError> {
     let m = *x.shape().last().unwrap();
     let g = p.param("scale", &[m], Init::Ones, Some(&[&[]]))?;
-    Ok(x.rms_norm(eps).mul(&g))
+    if x.dtype() == p.dtype {
+        return Ok(x.rms_norm(eps).mul(&g));
+    }
+    Ok(x.mul(&norm_scale(x, p.dtype, eps))
+        .mul(&g.convert(x.dtype())))
 }
 
-/// Layer norm over the last dim with learned scale and bias.
+/// `rsqrt(mean(x^2) + eps)` over the last dim of `x`, kept as a dim of 1, in `x`'s dtype:
+/// the squares (rounded once each) are accumulated and the root taken in `stats`. The
+/// backward pass saves `x` alone, at its own width.
+pub fn norm_scale(x: &Value, stats: DType, eps: f64) -> Value {
+    let d = x.rank() - 1;
+    let mut keep = x.shape();
+    keep[d] = 1;
+    x.mul(x)
+        .convert(stats)
+        .mean(&[d])
+        .add(eps)
+        .rsqrt()
+        .convert(x.dtype())
+        .reshape(&keep)
+}
+
+/// Layer norm over the last dim with learned scale and bias. An `x` in a narrower dtype
+/// than the parameters' (mixed precision) has its statistics computed in the parameters'.
 pub fn layer_norm(p: &mut Params, x: &Value, eps: f64) -> Result<Value, ShardingError> {
     let m = *x.shape().last().unwrap();
     let g = p.param("scale", &[m], Init::Ones, Some(&[&[]]))?;
     let bias = p.param("bias", &[m], Init::Zeros, Some(&[&[]]))?;
-    Ok(x.layer_norm(eps).mul(&g).add(&bias))
+    let dt = x.dtype();
+    if dt == p.dtype {
+        return Ok(x.layer_norm(eps).mul(&g).add(&bias));
+    }
+    let d = x.rank() - 1;
+    let mut keep = x.shape();
+    keep[d] = 1;
+    let mu = x.convert(p.dtype).mean(&[d]).convert(dt).reshape(&keep);
+    let xc = x.sub(&mu);
+    Ok(xc
+        .mul(&norm_scale(&xc, p.dtype, eps))
+        .mul(&g.convert(dt))
+        .add(&bias.convert(dt)))
 }
 
 /// Rows of `table [V, M]` for integer `ids [...]`: `[..., M]`.
@@ -226,19 +261,21 @@ pub fn segment_bias(seg_q: &Value, seg_k: &Value, causal: bool, dt: DType) -> Va
 }
 
 /// Softmax over the keys of `logits [B,N,T,S]` (biases added), the weighted sum of
-/// `v [B,S,N,D]`, projected by `wo [N,D,M]`: `[B,T,M]`.
+/// `v [B,S,N,D]`, projected by `wo [N,D,M]`: `[B,T,M]`. The softmax is computed in the
+/// logits' dtype, the rest in `v`'s (mixed precision: the probabilities are rounded to it).
 pub fn attn_output(logits: &Value, v: &Value, wo: &Value) -> Value {
     let b = logits.builder();
-    let probs = logits.softmax(3);
+    let probs = logits.softmax(3).convert(v.dtype());
     let ctx = b.einsum("BNTS,BSND->BTND", &[&probs, v]);
-    b.einsum("BTND,NDM->BTM", &[&ctx, wo])
+    b.einsum("BTND,NDM->BTM", &[&ctx, &wo.convert(v.dtype())])
 }
 
 /// Multi-head attention of queries from `xq [B,T,M]` over keys/values from `xkv [B,S,M]`
 /// (`xq` itself for self-attention). Weights `wq, wk, wv [M,N,D]`, `wo [N,D,M]`, created in
 /// the current scope; the batch split over `axes.batch` and the heads over `axes.model`
 /// when annotated (with heads split, the output projection sums over devices: one
-/// all-reduce per attention layer).
+/// all-reduce per attention layer). The projections compute in the inputs' dtype; the
+/// logits, masks and softmax in the parameters' (`p.dtype`, wider under mixed precision).
 pub fn attention(
     p: &mut Params,
     xq: &Value,
@@ -253,12 +290,13 @@ pub fn attention(
     let (bsz, t) = (xq.shape()[0], xq.shape()[1]);
     let s = xkv.shape()[1];
     let w = attn_weights(p, m, heads, head_dim, axes.model)?;
-    let q = attn_queries(xq, &w.wq);
-    let k = attn_project(xkv, &w.wk);
-    let v = attn_project(xkv, &w.wv);
-    let mut logits = attn_logits(&q, &k, axes)?;
+    let dt = xq.dtype();
+    let q = attn_queries(xq, &w.wq.convert(dt));
+    let k = attn_project(xkv, &w.wk.convert(dt));
+    let v = attn_project(xkv, &w.wv.convert(dt));
+    let mut logits = attn_logits(&q, &k, axes)?.convert(p.dtype);
     if mask.causal {
-        logits = logits.add(&causal_bias(&b, bsz, heads, t, s, xq.dtype()));
+        logits = logits.add(&causal_bias(&b, bsz, heads, t, s, p.dtype));
     }
     if let Some(kp) = &mask.key_padding {
         logits = logits.add(&padding_bias(kp, heads, t));

@@ -455,7 +455,10 @@ impl<'a> Route<'a> {
 /// The GShard MoE feed-forward layer on `x [G,S,M]` with weights `w`, routed by `route`.
 /// With `sharding`, `x` is split on G, `wg` (and a noisy gate's `w_noise`) replicated, the
 /// expert buffers and weights split on E, and the expert outputs split back on G before
-/// the combine (the two all-to-alls).
+/// the combine (the two all-to-alls). Mixed precision: an `x` narrower than the weights
+/// (bf16 activations, f32 master weights) is routed in the weights' dtype and dispatched,
+/// run through the experts and combined in its own, so the all-to-alls move it at its
+/// width.
 pub fn moe_layer(
     x: &Value,
     w: MoeWeights,
@@ -506,24 +509,26 @@ pub fn moe_layer(
         None => (x.clone(), wg.clone(), wi.clone(), wo.clone(), extra),
     };
     let scope = b.scope("gating");
+    // The router computes in its weights' dtype (the master dtype under mixed precision).
+    let xr = x.convert(wg.dtype());
     let (logits, gating) = match gate {
         Gate::Top2(cfg) => {
-            let logits = b.einsum("GSM,ME->GSE", &[&x, &wg]);
+            let logits = b.einsum("GSM,ME->GSE", &[&xr, &wg]);
             let r = top2_gating_biased(&logits, cfg, noise, paddings, bias);
             (logits, Routing::Top2(r))
         }
         Gate::Switch(cfg) => {
-            let logits = switch_router_logits(&x, &wg, cfg.jitter_eps, noise);
+            let logits = switch_router_logits(&xr, &wg, cfg.jitter_eps, noise);
             let r = switch_gating(&logits, cfg, paddings);
             (logits, Routing::Switch(r))
         }
         Gate::NoisyTopK { cfg, .. } => {
-            let logits = b.einsum("GSM,ME->GSE", &[&x, &wg]);
+            let logits = b.einsum("GSM,ME->GSE", &[&xr, &wg]);
             let raw_noise = noise.map(|n| {
                 let wn = extra
                     .first()
                     .expect("moe_layer: a noisy top-k gate with noise needs w_noise");
-                (b.einsum("GSM,ME->GSE", &[&x, wn]), n)
+                (b.einsum("GSM,ME->GSE", &[&xr, wn]), n)
             });
             let r = noisy_top_k_gating(
                 &logits,
@@ -538,13 +543,13 @@ pub fn moe_layer(
                 noise.is_none(),
                 "moe_layer: expert-choice gating takes no noise"
             );
-            let logits = b.einsum("GSM,ME->GSE", &[&x, &wg]);
+            let logits = b.einsum("GSM,ME->GSE", &[&xr, &wg]);
             let r = expert_choice_gating(&logits, cfg, paddings);
             (logits, Routing::ExpertChoice(r))
         }
         Gate::Hierarchical { cfg, .. } => {
-            let logits = b.einsum("GSM,ME->GSE", &[&x, &wg]);
-            let primary = b.einsum("GSM,MA->GSA", &[&x, &extra[0]]);
+            let logits = b.einsum("GSM,ME->GSE", &[&xr, &wg]);
+            let primary = b.einsum("GSM,MA->GSA", &[&xr, &extra[0]]);
             let (a, e) = (cfg.groups, wg.shape()[1]);
             let raw = noise.map(|n| {
                 assert!(
@@ -559,9 +564,9 @@ pub fn moe_layer(
                     n.ty()
                 );
                 (
-                    b.einsum("GSM,MA->GSA", &[&x, &extra[1]]),
+                    b.einsum("GSM,MA->GSA", &[&xr, &extra[1]]),
                     n.slice_dim(2, 0, a),
-                    b.einsum("GSM,ME->GSE", &[&x, &extra[2]]),
+                    b.einsum("GSM,ME->GSE", &[&xr, &extra[2]]),
                     n.slice_dim(2, a, a + e),
                 )
             });
@@ -577,7 +582,9 @@ pub fn moe_layer(
     };
     drop(scope);
     let scope = b.scope("dispatch");
-    let mut xin = b.einsum("GSEC,GSM->EGCM", &[gating.dispatch(), &x]);
+    // Dispatch, experts and combine in `x`'s dtype (0/1 dispatch values are exact in any).
+    let dt = x.dtype();
+    let mut xin = b.einsum("GSEC,GSM->EGCM", &[&gating.dispatch().convert(dt), &x]);
     // The expert buffers: E split over the expert axes, G over the remaining group axes.
     let buffers = sharding.map(|s| {
         let rest: Vec<&str> = s
@@ -597,8 +604,8 @@ pub fn moe_layer(
     }
     drop(scope);
     let scope = b.scope("experts");
-    let hidden = act.apply(&b.einsum("EGCM,EMH->EGCH", &[&xin, &wi]));
-    let mut yout = b.einsum("EGCH,EHM->EGCM", &[&hidden, &wo]);
+    let hidden = act.apply(&b.einsum("EGCM,EMH->EGCH", &[&xin, &wi.convert(dt)]));
+    let mut yout = b.einsum("EGCH,EHM->EGCM", &[&hidden, &wo.convert(dt)]);
     if let Some((e, rest, _)) = &buffers {
         yout = mesh_split(&yout, &[e, rest, &[], &[]])?;
     }
@@ -608,7 +615,7 @@ pub fn moe_layer(
     if let Some((_, _, g)) = &buffers {
         yout = mesh_split(&yout, &[&[], g, &[], &[]])?;
     }
-    let y = b.einsum("GSEC,EGCM->GSM", &[gating.combine(), &yout]);
+    let y = b.einsum("GSEC,EGCM->GSM", &[&gating.combine().convert(dt), &yout]);
     Ok(MoeOut {
         y,
         logits,

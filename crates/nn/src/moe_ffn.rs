@@ -90,7 +90,8 @@ pub(crate) fn moe_ffn(cx: &mut Ctx, p: &mut Params, x: &Value) -> Result<Value, 
     );
     let g = bsz * t / s;
     let b = x.builder();
-    let dt = x.dtype();
+    // Routing noise and diagnostics in the master dtype, as the router (`moe_layer`).
+    let dt = p.dtype;
     let lim = |fan_in: usize| (3.0 / fan_in as f64).sqrt();
     // Experts over the expert axes, each expert's hidden dim over the model axes (when the
     // layer is sharded; `moe_layer` annotates the same).

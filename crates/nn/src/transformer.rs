@@ -61,7 +61,55 @@ pub struct TransformerConfig {
     pub activation: Activation,
     pub dropout: f64,
     pub label_smoothing: f64,
+    /// The master dtype: parameters, optimizer state, and what [`Precision::Mixed`] keeps
+    /// numerically sensitive parts in.
     pub dtype: DType,
+    /// What activations and matmul operands compute in.
+    pub precision: Precision,
+}
+
+/// What a model's activations and matmul operands compute in.
+///
+/// Mixed precision keeps the master weights (and so their gradients and optimizer state) in
+/// [`TransformerConfig::dtype`] and converts each weight to the compute dtype where it is
+/// used; the embeddings are converted once, so the residual stream, attention and expert
+/// activations, and what the backward pass saves of them, are in the compute dtype. Parts
+/// whose rounding compounds stay in the master dtype: the norms' mean squares (accumulated
+/// there), the attention softmax with its masks, the router with its softmax, top-k and
+/// auxiliary loss, and the output softmax and cross-entropy. Dots accumulate in f32 whatever
+/// their dtype (the runtime's rule), so a bf16 product is rounded once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// Everything in the master dtype.
+    #[default]
+    Full,
+    /// Activations and matmul operands in this dtype (bf16: GShard's training precision).
+    Mixed(DType),
+}
+
+impl Precision {
+    /// The dtype activations compute in under a master dtype `master`.
+    pub fn compute(self, master: DType) -> DType {
+        match self {
+            Precision::Full => master,
+            Precision::Mixed(dt) => dt,
+        }
+    }
+}
+
+impl TransformerConfig {
+    /// The dtype activations and matmul operands compute in.
+    pub fn compute_dtype(&self) -> DType {
+        self.precision.compute(self.dtype)
+    }
+
+    /// This model with everything in the master dtype (what decoding runs).
+    pub fn full_precision(&self) -> TransformerConfig {
+        TransformerConfig {
+            precision: Precision::Full,
+            ..self.clone()
+        }
+    }
 }
 
 /// Mesh axes for the layout (empty = no annotations).
@@ -203,12 +251,13 @@ impl<'a> Ctx<'a> {
                 Init::Normal(1.0 / (cfg.ffn_dim as f64).sqrt()),
                 Some(&[&model, &[]]),
             )?;
+            let dt = x.dtype();
             let h = dropout(
-                &cfg.activation.apply(&x.matmul(&wi)),
+                &cfg.activation.apply(&x.matmul(&wi.convert(dt))),
                 cfg.dropout,
                 self.seed.as_ref(),
             );
-            return Ok(h.matmul(&wo));
+            return Ok(h.matmul(&wo.convert(dt)));
         }
         crate::moe_ffn::moe_ffn(self, p, x)
     }
@@ -295,7 +344,8 @@ impl<'a> Ctx<'a> {
         let embed_scope = src.builder().scope("encoder/embed");
         let x = embed(table, src)
             .mul((cfg.model_dim as f64).sqrt())
-            .add(&positions(src.builder(), cfg, s, pos));
+            .add(&positions(src.builder(), cfg, s, pos))
+            .convert(cfg.compute_dtype());
         let mut x = self.annotate_batch(&dropout(&x, cfg.dropout, self.seed.as_ref()))?;
         drop(embed_scope);
         for l in 0..cfg.enc_layers {
@@ -436,12 +486,15 @@ pub fn build(
         None
     };
     let embed_scope = b.scope("decoder/embed");
-    let mut y = embed(&tgt_table, &tgt_in).mul(scale).add(&positions(
-        b,
-        cfg,
-        t,
-        packed.as_ref().map(|(_, (_, pos))| pos),
-    ));
+    let mut y = embed(&tgt_table, &tgt_in)
+        .mul(scale)
+        .add(&positions(
+            b,
+            cfg,
+            t,
+            packed.as_ref().map(|(_, (_, pos))| pos),
+        ))
+        .convert(cfg.compute_dtype());
     y = cx.annotate_batch(&dropout(&y, cfg.dropout, cx.seed.as_ref()))?;
     drop(embed_scope);
     let causal = match &packed {
@@ -464,8 +517,9 @@ pub fn build(
         p.scope("final_norm", |p| rms_norm(p, &y, 1e-6))
     })?;
     let _output_scope = b.scope("output");
-    let logits = b.einsum("BTM,VM->BTV", &[&y, &tgt_table]);
-    let logits = cx.annotate_vocab(&logits)?;
+    // The logits in the compute dtype, then the softmax and the loss in the master dtype.
+    let logits = b.einsum("BTM,VM->BTV", &[&y, &tgt_table.convert(y.dtype())]);
+    let logits = cx.annotate_vocab(&logits)?.convert(dt);
     let (ce, _) = cross_entropy(
         &logits,
         &tgt_out,

@@ -204,6 +204,42 @@ pub struct ModelConfig {
     /// its backward pass), "dots" (keep dot-product outputs, recompute the rest) or
     /// "scopes:PATH,PATH" (checkpoint regions: these scopes recomputed like layers).
     pub remat: String,
+    /// "f32", or "bf16" for mixed precision: f32 master weights, gradients and optimizer
+    /// state; activations and matmul operands in bf16 (dots accumulate in f32); norms'
+    /// statistics, softmaxes, routing and the loss in f32
+    /// ([`nn::transformer::Precision`]).
+    pub precision: Precision,
+}
+
+/// What a model computes its activations in ([`ModelConfig::precision`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl From<Precision> for nn::transformer::Precision {
+    fn from(p: Precision) -> Self {
+        match p {
+            Precision::F32 => nn::transformer::Precision::Full,
+            Precision::Bf16 => nn::transformer::Precision::Mixed(DType::BF16),
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Precision, String> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            other => Err(format!(
+                "precision {other:?}: use \"f32\" or \"bf16\" (mixed precision)"
+            )),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -299,6 +335,7 @@ impl Default for ModelConfig {
             dropout: 0.0,
             label_smoothing: 0.1,
             remat: "none".into(),
+            precision: Precision::F32,
         }
     }
 }
@@ -701,6 +738,7 @@ impl TrainConfig {
             dropout: m.dropout,
             label_smoothing: m.label_smoothing,
             dtype: DType::F32,
+            precision: m.precision.into(),
         })
     }
 }

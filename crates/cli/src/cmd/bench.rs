@@ -334,6 +334,7 @@ pub fn transformer_step(layers: usize, experts: usize) -> Result<Program> {
         dropout: 0.0,
         label_smoothing: 0.1,
         dtype: DType::F32,
+        precision: nn::transformer::Precision::Full,
     };
     let b = Builder::with_mesh(Mesh::new(&[("expert", experts)])?);
     let layout = Layout {

@@ -47,6 +47,10 @@ pub struct Args {
     /// `scopes:PATH,PATH`; less memory for more FLOPs, the same values.
     #[arg(long, value_name = "POLICY")]
     remat: Option<String>,
+    /// `bf16`: mixed precision (f32 weights and optimizer state, bf16 activations and
+    /// matmul operands); `f32`: everything in f32. Overrides `model.precision`.
+    #[arg(long, value_name = "f32|bf16")]
+    precision: Option<train::config::Precision>,
     /// Corpus directory (built with the default sources when absent).
     #[arg(long)]
     data: Option<String>,
@@ -209,6 +213,9 @@ fn train_main(a: Args, mpi: Mpi) -> Result<()> {
     apply_mesh(&mut cfg, a.devices, a.mesh.as_deref())?;
     if let Some(axis) = &a.shard_weights {
         cfg.mesh.shard_weights = axis.clone();
+    }
+    if let Some(p) = a.precision {
+        cfg.model.precision = p;
     }
     cfg.validate()?;
     if let Some(comm) = &mpi {

@@ -7,7 +7,7 @@ use ir::{Builder, DType, Mesh};
 use nn::moe::{Activation, SecondPolicy};
 use nn::params::Init;
 use nn::transformer::{
-    build, Balance, BatchShape, Layout, MoeConfig, MoeGating, Packing, TransformerConfig,
+    build, Balance, BatchShape, Layout, MoeConfig, MoeGating, Packing, Precision, TransformerConfig,
 };
 use runtime::HostTensor;
 use std::collections::HashMap;
@@ -37,6 +37,7 @@ pub fn config(enc_layers: usize) -> TransformerConfig {
         dropout: 0.0,
         label_smoothing: 0.1,
         dtype: DType::F64,
+        precision: Precision::Full,
     }
 }
 

@@ -24,7 +24,7 @@ use nn::incremental::{
     build_encoder, build_step, dropless, is_dropless, step_groups, Attn, CacheName, LOGITS, POS,
     SRC, SRC_PAD, TOKEN,
 };
-use nn::transformer::{BatchShape, Packing, TransformerConfig};
+use nn::transformer::{BatchShape, Packing, Precision, TransformerConfig};
 use runtime::HostTensor;
 use spmd::Partitioned;
 use std::collections::HashMap;
@@ -67,7 +67,8 @@ pub(super) struct Decoder {
 impl Decoder {
     fn build(cfg: &TrainConfig, vocab: usize) -> Result<Decoder, TrainError> {
         let run_model = cfg.transformer(vocab)?;
-        let model = dropless(&run_model);
+        // Decoding runs in the master dtype (`nn::incremental`), the re-decode too.
+        let model = dropless(&run_model.full_precision());
         let mesh = cfg.mesh()?;
         let layout = cfg.layout();
         let shape = BatchShape {
@@ -101,7 +102,7 @@ impl Decoder {
             None
         };
         Ok(Decoder {
-            eval_is_dropless: is_dropless(&run_model),
+            eval_is_dropless: is_dropless(&run_model) && run_model.precision == Precision::Full,
             model,
             cfg: cfg.clone(),
             encoder,
