@@ -95,7 +95,13 @@ mod tests {
         // The bound is tight: some element needs most of it.
         assert!(worst > ALL_TO_ALL_BOUND / 2.0, "{worst}");
         // bf16 values, infinities and NaN pass unchanged.
-        let exact = [1.5f32, -0.0, f32::INFINITY, 2.0f32.powi(127), -2.0f32.powi(-130)];
+        let exact = [
+            1.5f32,
+            -0.0,
+            f32::INFINITY,
+            2.0f32.powi(127),
+            -2.0f32.powi(-130),
+        ];
         assert_eq!(values(&widen(&narrow(&bytes(&exact)))), exact);
         assert!(values(&widen(&narrow(&bytes(&[f32::NAN]))))[0].is_nan());
     }

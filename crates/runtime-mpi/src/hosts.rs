@@ -70,7 +70,7 @@ pub fn assign_hosts(names: &[String], layout: &HostLayout) -> Result<Vec<HostId>
         HostLayout::ByName => Ok(by_name),
         HostLayout::Blocks(h) => {
             let n = names.len();
-            if h == 0 || n % h != 0 {
+            if h == 0 || !n.is_multiple_of(h) {
                 return Err(format!(
                     "--hosts {h} does not split the {n} MPI ranks into equal hosts; give a host count that divides {n}, or leave --hosts out to group ranks by their machines' names"
                 ));
@@ -230,7 +230,7 @@ mod tests {
         let mut remote = 0;
         for step in 0..STEPS {
             let before = held.clone();
-            for a in 0..k {
+            for (a, had) in before.iter().enumerate() {
                 for (b, blocks) in plan.sends(step, a) {
                     assert_eq!(
                         plan.recvs(step, b).iter().filter(|(p, _)| *p == a).count(),
@@ -241,7 +241,7 @@ mod tests {
                         assert_eq!(step, 1, "only step 1 crosses hosts");
                     }
                     for blk in blocks {
-                        assert!(before[a].contains(&blk), "{a} sends {blk:?} it lacks");
+                        assert!(had.contains(&blk), "{a} sends {blk:?} it lacks");
                         held[b].insert(blk);
                     }
                 }
