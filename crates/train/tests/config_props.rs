@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use train::config::TrainConfig;
 
 /// Every field a user can set, as `table.key` (top-level keys have no table).
-const FIELDS: [&str; 40] = [
+const FIELDS: [&str; 41] = [
     "seed",
     "steps",
     "log_every",
@@ -40,6 +40,7 @@ const FIELDS: [&str; 40] = [
     "model.activation",
     "model.dropout",
     "model.label_smoothing",
+    "model.precision",
     "eval.beam",
     "eval.length_penalty",
     "optimizer.kind",
