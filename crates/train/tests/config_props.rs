@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use train::config::TrainConfig;
 
 /// Every field a user can set, as `table.key` (top-level keys have no table).
-const FIELDS: [&str; 41] = [
+const FIELDS: [&str; 42] = [
     "seed",
     "steps",
     "log_every",
@@ -41,6 +41,7 @@ const FIELDS: [&str; 41] = [
     "model.dropout",
     "model.label_smoothing",
     "model.remat",
+    "model.precision",
     "eval.beam",
     "eval.length_penalty",
     "optimizer.kind",
