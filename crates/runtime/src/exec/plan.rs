@@ -178,7 +178,7 @@ pub enum PlanProblem {
     Reads(&'static str),
     #[error("moves {value}, which step {other} also reads")]
     MovedValueShared { value: ValueId, other: StepId },
-    #[error("collective {value} comes after the large collective {later}, which follows it in the program")]
+    #[error("large collective {value} comes after the large collective {later}, which follows it in the program")]
     CollectiveOrder { value: ValueId, later: ValueId },
     #[error("runs {value} as a collective, which its instruction is not")]
     NotACollective { value: ValueId },
@@ -251,8 +251,8 @@ impl Plan {
     /// step, before every step that reads it; each kind reads what it uses (a fused group
     /// its inputs, an alias or a move its source, which nothing else reads after a move);
     /// the collectives are the program's and only small ones moved (the large collectives
-    /// keep program order and none comes before a large one that precedes it in the
-    /// program: the order every rank computes from the program alone).
+    /// keep program order; small ones may wait for a later round. Every rank computes the
+    /// order from the program alone, so all issue their collectives in one order).
     pub fn verify(&self, p: &Program) -> Result<(), PlanError> {
         let n = p.instrs.len();
         let mut made: IdVec<ValueId, Option<StepId>> = IdVec::filled(None, n);
@@ -286,14 +286,16 @@ impl Plan {
                     return Err(fail(si, PlanProblem::NotACollective { value: s.value }));
                 }
                 let large = |v: ValueId| p.instrs[v.index()].ty.num_elements() >= SMALL_COLLECTIVE;
-                if let Some(later) = last_large.filter(|&l| l > s.value) {
-                    let problem = PlanProblem::CollectiveOrder {
-                        value: s.value,
-                        later,
-                    };
-                    return Err(fail(si, problem));
-                }
+                // Small collectives may wait past large ones (a small all-reduce of another
+                // one's result waits a round); large ones keep program order.
                 if s.reads.first().is_some_and(|&r| large(r)) {
+                    if let Some(later) = last_large.filter(|&l| l > s.value) {
+                        let problem = PlanProblem::CollectiveOrder {
+                            value: s.value,
+                            later,
+                        };
+                        return Err(fail(si, problem));
+                    }
                     last_large = Some(s.value);
                 }
             }

@@ -15,7 +15,7 @@ pub fn elementwise(
     ty: &Type,
     t: &Sharding,
 ) -> Result<PartitionedValue, SpmdError> {
-    if let Some(s) = linear_in_partial_sums(op, ops, t) {
+    if let Some(s) = linear_in_partial_sums(op, ops, ty, t) {
         let refs: Vec<&ir::Value> = ops.iter().map(|o| &o.local).collect();
         return emit_as(ctx, op.clone(), &refs, ty, &s);
     }
@@ -27,16 +27,27 @@ pub fn elementwise(
     emit_as(ctx, op.clone(), &refs, ty, t)
 }
 
-/// The sharding of `a + b` or `a - b` left a pending partial sum: when every operand is a
-/// partial sum over the same axes with the target's dims, `sum_d a_d + sum_d b_d =
-/// sum_d (a_d + b_d)`, so the op runs on the local parts and one reduction serves the result
-/// (the tied embedding's three gradient contributions need one all-reduce, not three).
+/// The sharding of `a + b`, `a - b` or a widening float convert left a pending partial
+/// sum: when every operand is a partial sum over the same axes with the target's dims,
+/// `sum_d a_d + sum_d b_d = sum_d (a_d + b_d)`, so the op runs on the local parts and one
+/// reduction serves the result (the tied embedding's three gradient contributions need one
+/// all-reduce, not three). A convert to a wider float (bf16 -> f32, f32 -> f64) is exact on
+/// each part, so the parts are summed in the wider type: one reduction after the convert,
+/// and no rounding of the sum to the narrow type that the single device would not do either.
 pub(crate) fn linear_in_partial_sums(
     op: &Op,
     ops: &[&PartitionedValue],
+    out: &Type,
     t: &Sharding,
 ) -> Option<Sharding> {
-    let linear = matches!(op, Op::Binary(BinaryOp::Add | BinaryOp::Sub));
+    let linear = match op {
+        Op::Binary(BinaryOp::Add | BinaryOp::Sub) => true,
+        Op::Convert => {
+            let from = ops.first()?.global.dtype;
+            from.is_float() && out.dtype.is_float() && out.dtype.size_bytes() > from.size_bytes()
+        }
+        _ => false,
+    };
     let first = &ops.first()?.sharding;
     let same = ops.iter().all(|o| {
         o.sharding.dims == t.dims

@@ -46,7 +46,7 @@ pub fn partition_instr(
                 .collect();
             if let Some(ps) = partial {
                 let refs: Vec<&PartitionedValue> = ps.iter().collect();
-                if data::linear_in_partial_sums(&ins.op, &refs, &t).is_some() {
+                if data::linear_in_partial_sums(&ins.op, &refs, &ins.ty, &t).is_some() {
                     return data::elementwise(ctx, &ins.op, &refs, &ins.ty, &t);
                 }
             }

@@ -325,6 +325,35 @@ output "b" = %b
 }
 
 #[test]
+fn a_small_collective_of_a_small_collective_waits_past_a_large_one() {
+    // `%u` reads `%s`, so it cannot share `%s`'s round: it waits for the round after the
+    // large `%b` (sharded weights give such chains: a norm summed over one axis, then another).
+    let text = r#"
+mesh [e=2]
+%x = f32[64,64] parameter("x")
+%l = f32[] parameter("l")
+%s = f32[] all_reduce(%l) op=sum axes=[e]
+%u = f32[] all_reduce(%s) op=sum axes=[e]
+%y = f32[64,64] exp(%x)
+%b = f32[64,64] all_reduce(%y) op=sum axes=[e]
+output "u" = %u
+output "b" = %b
+"#;
+    let p = program(text);
+    let (plan, _) = through(&p, "rounds");
+    expect![[r#"
+        s0 %0 = param() "x" | parameter %0
+        s1 %1 = param() "l" | parameter %1
+        s2 %4 = fused(%0) nodes=2 | fused[1] %4 (exp)
+        s3 %2 = collective(%1) | all_reduce %2
+        s4 %5 = collective(%4) | all_reduce %5
+        s5 %3 = collective(%2) | all_reduce %3
+    "#]]
+    .assert_eq(&plan.to_string());
+    matches_reference(&p);
+}
+
+#[test]
 fn stream_outputs_mark_unread_dot_outputs() {
     let p = program(
         r#"
