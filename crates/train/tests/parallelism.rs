@@ -37,7 +37,8 @@ fn tiny(data: usize, expert: usize, model: usize) -> TrainConfig {
     c.mesh.data = data;
     c.mesh.expert = expert;
     c.mesh.model = model;
-    c.data.batch_size = 8;
+    // 128 tokens: 8 groups of 16, one per device of the largest mesh.
+    c.data.batch_size = 16;
     c.data.max_len = 8;
     c.data.dev_size = 8;
     c.data.vocab_size = 300;
@@ -99,6 +100,9 @@ fn five_steps_on_every_mesh_equal_one_device() {
         (2, 2, 1, "data"),
         (2, 2, 2, "data"),
         (1, 2, 2, "expert"),
+        // The main job's mesh: chained small all-reduces of sharded weights' norms.
+        (2, 4, 1, "data"),
+        (2, 4, 1, "expert"),
     ] {
         let mut cfg = tiny(d, e, m);
         cfg.mesh.shard_weights = shard.to_string();
