@@ -2,7 +2,8 @@
 //! peak memory and what it holds, whether it fits the hardware, FLOPs and collective bytes
 //! per device, and the step time on a hardware profile. A run config (`--config`) or a
 //! preset of GShard's models (`--preset`), a mesh, a hardware profile (a built-in name or
-//! a TOML file); `--json` prints one object.
+//! a TOML file); `--remat`, `--precision` and `--shard-weights` change the run config as
+//! they do for `gshard train`; `--json` prints one object.
 
 use anyhow::{Context, Result};
 use plan::hardware::Hardware;
@@ -21,6 +22,16 @@ pub struct Args {
     /// The mesh, e.g. `expert=2048` or `data=2,expert=4` (default: the config's or preset's).
     #[arg(long)]
     mesh: Option<String>,
+    /// Weight-update sharding over this mesh axis (`mesh.shard_weights`), as in `gshard train`.
+    #[arg(long)]
+    shard_weights: Option<String>,
+    /// Rematerialisation (`model.remat`): `none`, `layer`, `dots` or `scopes:PATH,PATH`,
+    /// as in `gshard train`.
+    #[arg(long, value_name = "POLICY")]
+    remat: Option<String>,
+    /// `bf16` (mixed precision) or `f32`: overrides `model.precision`, as in `gshard train`.
+    #[arg(long, value_name = "f32|bf16")]
+    precision: Option<train::config::Precision>,
     /// A hardware profile: tpu-v3, a100-80gb, h100-80gb, h200, this-cpu (measured now), or
     /// a profile file ending in .toml.
     #[arg(long, default_value = "tpu-v3")]
@@ -63,12 +74,22 @@ pub fn main(a: Args) -> Result<()> {
         }
     };
     crate::cmd::train::apply_mesh(&mut cfg, None, a.mesh.as_deref())?;
+    if let Some(axis) = &a.shard_weights {
+        cfg.mesh.shard_weights = axis.clone();
+    }
+    if let Some(r) = &a.remat {
+        cfg.model.remat = r.clone();
+    }
+    if let Some(p) = a.precision {
+        cfg.model.precision = p;
+    }
     if !(a.tokens.is_finite() && a.tokens > 0.0) {
         anyhow::bail!("--tokens {}: use a finite count > 0", a.tokens);
     }
     let hw = hardware(&a.hardware)?;
     let mut opts = PlanOptions::new(hw, &label);
     opts.tokens = a.tokens;
+    opts.preset = a.preset.as_deref().and_then(Preset::find).copied();
     let report = plan::plan(&cfg, &opts)?;
     if a.json {
         println!("{}", serde_json::to_string(&report)?);
