@@ -10,6 +10,10 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 
 /// Run `gshard ARGS` to its end: (exit code, stdout, stderr, peak resident set in bytes).
+#[expect(
+    clippy::zombie_processes,
+    reason = "the child is reaped by libc::wait4, which also gives its rusage"
+)]
 fn run_measured(args: &[&str]) -> (i32, String, String, u64) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gshard"))
         .args(args)
