@@ -2,9 +2,9 @@
 //! process, plans it within 2 GB of memory (its peak resident set, from the kernel's rusage
 //! of the child), and its JSON report has the paper's parameter count within 7 %, one
 //! expert per device and an all-to-all over the expert axis; with `--remat layer` it fits a
-//! 16 GiB core, and a bad policy is a one-line error. Time is not asserted here (the
-//! README gives the release binary's); the per-device program's size against the device
-//! count is `crates/plan/tests/plan.rs`.
+//! 16 GiB core, and a bad policy is a one-line error; `--png` writes a valid PNG. Time is
+//! not asserted here (the README gives the release binary's); the per-device program's size
+//! against the device count is `crates/plan/tests/plan.rs`.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -102,4 +102,32 @@ fn the_600b_model_fits_a_tpu_v3_core_with_layer_rematerialisation() {
         stderr.trim().lines().count() == 1 && stderr.contains("layer"),
         "{stderr}"
     );
+}
+
+#[test]
+fn png_draws_the_breakdowns_as_a_valid_png() {
+    let dir = std::env::temp_dir().join(format!("gshard-plan-png-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.png");
+    let (code, stdout, stderr, _) = run_measured(&[
+        "plan",
+        "--hardware",
+        "tpu-v3",
+        "--png",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "gshard plan --png failed: {stderr}");
+    assert!(stdout.contains("step time"), "{stdout}");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    // The first chunk is the 13-byte IHDR with the image's width and height.
+    assert_eq!(&bytes[8..16], b"\0\0\0\x0dIHDR");
+    let width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
+    assert_eq!((width, height), (1120, 460));
+    let (code, _, stderr, _) = run_measured(&["plan", "--png", "/nonexistent/dir/plan.png"]);
+    assert_eq!(code, 2);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("create it"), "{stderr}");
 }
