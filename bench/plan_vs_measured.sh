@@ -7,14 +7,15 @@
 #
 # Usage: bench/plan_vs_measured.sh    Env: DATA (the corpus directory, default data; built
 #   by `gshard data` when absent), STEPS (default 12), OUT (JSON lines, default
-#   bench/results/plan_vs_measured.jsonl), GSHARD (the binary, default target/release/gshard).
+#   bench/results/plan_vs_measured.jsonl), GSHARD (the binary, default
+#   the release build under $CARGO_TARGET_DIR or target/).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 data="${DATA:-data}"
 steps="${STEPS:-12}"
 out="${OUT:-$root/bench/results/plan_vs_measured.jsonl}"
-gshard="${GSHARD:-$root/target/release/gshard}"
+gshard="${GSHARD:-${CARGO_TARGET_DIR:-$root/target}/release/gshard}"
 [ -n "${GSHARD:-}" ] || (cd "$root" && cargo build --release -p cli -q)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

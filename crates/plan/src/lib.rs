@@ -61,6 +61,8 @@ pub struct PlanOptions {
     pub tokens: f64,
     /// A name for the run in the report.
     pub label: String,
+    /// The preset the config came from, whose paper figures the report compares with.
+    pub preset: Option<Preset>,
 }
 
 impl PlanOptions {
@@ -77,6 +79,7 @@ impl PlanOptions {
             memory,
             tokens: 1e12,
             label: label.to_string(),
+            preset: None,
         }
     }
 }
@@ -110,7 +113,8 @@ pub struct Report {
     pub time: time::StepTime,
     /// The largest part of the step.
     pub dominant: String,
-    /// Matmul FLOPs over the step time at the model dtype's peak.
+    /// Matmul FLOPs over the step time at the model dtype's peak (every device's FLOPs
+    /// over the machine's peak when the devices share one).
     pub mfu: f64,
     pub tokens_per_step: u64,
     pub tokens_per_s: f64,
@@ -124,6 +128,8 @@ pub struct Report {
     pub plan_steps: usize,
     /// Seconds spent building, partitioning and planning.
     pub plan_seconds: f64,
+    /// The preset planned, with the paper's parameter count and steps per second.
+    pub preset: Option<Preset>,
 }
 
 /// The run config of preset `name`.
@@ -162,7 +168,14 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
     let fits = resident <= memory_bytes;
     let model_dtype = cfg.transformer(vocab)?.dtype;
     let matmul = cost.flops_by_family().get("matmul").copied().unwrap_or(0) as f64;
-    let mfu = matmul / (t.step_seconds * hw.device.peak_flops.of(model_dtype)).max(1e-300);
+    // In-process devices share the machine's peak, and the step is all of theirs.
+    let sharing = if hw.device.shared_by_devices {
+        devices as f64
+    } else {
+        1.0
+    };
+    let mfu =
+        sharing * matmul / (t.step_seconds * hw.device.peak_flops.of(model_dtype)).max(1e-300);
     let tokens_per_step = (cfg.data.batch_size * cfg.data.max_len) as u64;
     let tokens_per_s = tokens_per_step as f64 / t.step_seconds.max(1e-300);
     let peak_at = {
@@ -200,6 +213,7 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
         instructions: p.len(),
         plan_steps: exe.num_steps(),
         plan_seconds: 0.0,
+        preset: opts.preset,
     };
     report.advice = advice(&report);
     report.plan_seconds = t0.elapsed().as_secs_f64();

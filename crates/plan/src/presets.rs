@@ -10,10 +10,11 @@
 //! shared 32k vocabulary (the paper has a 64k source and a 32k target vocabulary; the
 //! difference is 65M parameters, under 1% of the smallest model).
 
+use serde::Serialize;
 use train::config::TrainConfig;
 
 /// One preset.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Preset {
     pub name: &'static str,
     /// Another name it answers to.

@@ -43,6 +43,24 @@ pub fn render(r: &Report) -> String {
         r.devices,
         r.hardware
     );
+    if let Some(p) = &r.preset {
+        let _ = write!(
+            o,
+            "paper (GShard Table 1): {} parameters (ours {:.3}x)",
+            si(p.paper_params),
+            r.params as f64 / p.paper_params
+        );
+        // Table 3's rate is for the paper's mesh: one expert per device.
+        if let Some(s) = p.paper_steps_per_s.filter(|_| r.devices == p.experts) {
+            let ours = 1.0 / r.step_seconds.max(1e-300);
+            let _ = write!(
+                o,
+                "; Table 3: {s:.2} steps/s (predicted {ours:.2}, {:.2}x)",
+                ours / s
+            );
+        }
+        o.push('\n');
+    }
     let _ = writeln!(
         o,
         "memory per device: peak {} at {} (+ {} of inputs held between their uses) = {} of {} ({})",

@@ -94,3 +94,29 @@ fn every_built_in_profile_parses() {
         assert_eq!(h.name, name);
     }
 }
+
+#[test]
+fn mfu_of_in_process_devices_counts_every_devices_matmuls() {
+    // The built-in `this-cpu` file as written (unmeasured): deterministic rates.
+    let hw = Hardware::built_in("this-cpu").unwrap();
+    assert!(hw.device.shared_by_devices);
+    let opts = PlanOptions::new(hw.clone(), "test");
+    let mut cfg = train::config::TrainConfig::default();
+    let mut at = |data: usize, expert: usize| {
+        cfg.mesh.data = data;
+        cfg.mesh.expert = expert;
+        plan(&cfg, &opts).unwrap()
+    };
+    let one = at(1, 1);
+    let eight = at(2, 4);
+    let matmul = *eight.flops_by_family.get("matmul").unwrap() as f64;
+    let expected = 8.0 * matmul / (eight.step_seconds * hw.device.peak_flops.f32);
+    assert!(
+        (eight.mfu - expected).abs() <= 1e-9 * expected,
+        "{}",
+        eight.mfu
+    );
+    // The same model's work on one machine: about the same utilisation, not an eighth.
+    let ratio = eight.mfu / one.mfu;
+    assert!((0.5..=2.0).contains(&ratio), "{} vs {}", eight.mfu, one.mfu);
+}

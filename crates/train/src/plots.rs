@@ -265,3 +265,64 @@ fn draw_dropped(path: &Path, series: &[DroppedSeries]) -> Result<(), String> {
     }
     root.present().map_err(err)
 }
+
+/// One panel of [`bars`]: a title, the unit its values are in, and `(label, value)` bars.
+pub type BarPanel = (String, String, Vec<(String, f64)>);
+
+/// Horizontal bar charts side by side, one per panel (`gshard plan --png`: the memory and
+/// the step-time breakdowns), each bar labelled with its value.
+pub fn bars(path: &Path, title: &str, panels: &[BarPanel]) -> Result<(), PlotError> {
+    draw_bars(path, title, panels).map_err(at(path))
+}
+
+fn draw_bars(path: &Path, title: &str, panels: &[BarPanel]) -> Result<(), String> {
+    register_font();
+    let n = panels.len().max(1);
+    let root = BitMapBackend::new(path, (560 * n as u32, 460)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let root = root.titled(title, ("sans-serif", 18)).map_err(err)?;
+    for (area, (name, unit, bars)) in root.split_evenly((1, n)).iter().zip(panels) {
+        let top = bars.iter().map(|b| b.1).fold(0.0f64, f64::max).max(1e-300) * 1.3;
+        let rows = bars.len().max(1);
+        let mut chart = ChartBuilder::on(area)
+            .caption(name, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(170)
+            // Segments 0..=rows-1: one band per bar.
+            .build_cartesian_2d(0f64..top, (0..rows - 1).into_segmented())
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc(unit.as_str())
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) => bars.get(*i).map(|b| b.0.clone()).unwrap_or_default(),
+                _ => String::new(),
+            })
+            .draw()
+            .map_err(err)?;
+        chart
+            .draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
+                let color = ramp(i as f64 / rows as f64 * 0.8);
+                Rectangle::new(
+                    [
+                        (0.0, SegmentValue::Exact(i)),
+                        (*v, SegmentValue::Exact(i + 1)),
+                    ],
+                    color.filled(),
+                )
+            }))
+            .map_err(err)?;
+        chart
+            .draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
+                Text::new(
+                    format!("{v:.3}"),
+                    (*v + top * 0.01, SegmentValue::CenterOf(i)),
+                    ("sans-serif", 13),
+                )
+            }))
+            .map_err(err)?;
+    }
+    root.present().map_err(err)
+}
