@@ -96,6 +96,9 @@ pub struct Report {
     /// Peak bytes live on one device in a step, and what they hold.
     pub peak_bytes_per_device: u64,
     pub breakdown: Breakdown,
+    /// What one device holds over the step: weights, gradients and optimizer state in their
+    /// per-device layouts, and the activations saved for the backward pass.
+    pub held: train::memory::Held,
     /// The step where the peak is reached (scope of its instruction).
     pub peak_at: String,
     /// Inputs (weights, optimizer state, batch) the caller holds that are not live at the
@@ -193,6 +196,7 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
         params,
         peak_bytes_per_device: peak,
         breakdown: planned.breakdown,
+        held: train::memory::held(p),
         peak_at,
         inputs_elsewhere_bytes: planned.inputs_elsewhere,
         resident_bytes_per_device: resident,

@@ -145,12 +145,15 @@ fn default_run_step_planned_peak_is_the_measured_peak() {
     planned_is_measured(&TrainConfig::default(), "the default run");
 }
 
-/// (Weight-update sharding over the data or expert axis is left out: in debug builds the
-/// executor's `rounds` pass leaves its all-reduces out of program order there, and
-/// `Executable::new` refuses the plan.)
 #[test]
 fn model_axis_and_weight_sharding_planned_peaks_are_the_measured_peaks() {
-    for (data, expert, model, shard) in [(2, 2, 2, ""), (2, 2, 2, "model"), (1, 1, 1, "")] {
+    for (data, expert, model, shard) in [
+        (2, 2, 2, ""),
+        (2, 2, 2, "model"),
+        (2, 4, 1, "data"),
+        (2, 2, 2, "expert"),
+        (1, 1, 1, ""),
+    ] {
         let mut cfg = TrainConfig::default();
         cfg.mesh.data = data;
         cfg.mesh.expert = expert;
@@ -158,5 +161,50 @@ fn model_axis_and_weight_sharding_planned_peaks_are_the_measured_peaks() {
         cfg.mesh.shard_weights = shard.to_string();
         let what = format!("data={data},expert={expert},model={model} shard_weights={shard:?}");
         planned_is_measured(&cfg, &what);
+    }
+}
+
+/// What one device holds of the default run's step on mesh `data x model`.
+fn held(data: usize, model: usize, shard: &str) -> train::memory::Held {
+    let mut cfg = TrainConfig::default();
+    cfg.mesh.data = data;
+    cfg.mesh.expert = 1;
+    cfg.mesh.model = model;
+    cfg.mesh.shard_weights = shard.to_string();
+    let step = step_program(&cfg, cfg.data.vocab_size).unwrap();
+    let part = spmd::compile(&step.program).unwrap();
+    train::memory::held(&part.program)
+}
+
+#[test]
+fn sharded_weights_and_gradients_fall_as_one_over_n() {
+    let one = held(1, 1, "");
+    assert!(one.weights > 0 && one.optimizer_state > 0 && one.saved_activations > 0);
+    // Gradients are applied in the weights' layout, in f32 like them.
+    assert_eq!(one.gradients, one.weights, "{one:?}");
+    let near = |got: u64, want: f64, what: &str| {
+        let r = got as f64 / want;
+        assert!((0.97..=1.03).contains(&r), "{what}: {got} vs {want}");
+    };
+    for n in [2usize, 4] {
+        let dp = held(n, 1, "");
+        assert_eq!(dp.weights, one.weights, "data={n} replicates the weights");
+        let zero = held(n, 1, "data");
+        let what = format!("data={n}, weights sharded over data");
+        near(zero.weights, one.weights as f64 / n as f64, &what);
+        near(zero.gradients, one.gradients as f64 / n as f64, &what);
+        assert!(zero.optimizer_state < dp.optimizer_state, "{what}");
+        // Data parallelism splits the batch: the saved activations fall with it.
+        near(
+            dp.saved_activations,
+            one.saved_activations as f64 / n as f64,
+            "activations",
+        );
+        let tp = held(1, n, "");
+        let what = format!("model={n}");
+        assert!(
+            tp.weights < one.weights && tp.saved_activations < one.saved_activations,
+            "{what}"
+        );
     }
 }

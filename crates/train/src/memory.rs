@@ -223,6 +223,46 @@ pub fn plan_of(exe: &runtime::Executable, opts: runtime::MemoryOptions) -> Plann
     }
 }
 
+/// What a device holds over a whole step, whatever the peak: its weights, the gradients
+/// the optimizer reads, its optimizer state (all in their per-device layouts), and the
+/// forward values the backward pass reads (the sum over the step, as if all were kept at
+/// once; the executor frees each after its last reader). Weights and state fall as 1/N
+/// over an axis they are sharded over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Held {
+    pub weights: u64,
+    pub gradients: u64,
+    pub optimizer_state: u64,
+    pub saved_activations: u64,
+}
+
+/// [`Held`] of per-device program `p`.
+pub fn held(p: &Program) -> Held {
+    let roles = roles(p);
+    let optimizer = |i: usize| p.scope(ir::ValueId(i as u32)).path.starts_with("optimizer");
+    let mut read_by_optimizer = vec![false; p.instrs.len()];
+    for (i, ins) in p.instrs.iter().enumerate() {
+        if optimizer(i) {
+            for o in &ins.operands {
+                read_by_optimizer[o.index()] = true;
+            }
+        }
+    }
+    let is_param = |i: usize| matches!(p.instrs[i].op, ir::Op::Parameter { .. });
+    let mut h = Held::default();
+    for (i, role) in roles.iter().enumerate() {
+        let bytes = p.instrs[i].ty.size_bytes() as u64;
+        match role {
+            Role::Weight if is_param(i) => h.weights += bytes,
+            Role::OptimizerState if is_param(i) => h.optimizer_state += bytes,
+            Role::Gradient if read_by_optimizer[i] && !optimizer(i) => h.gradients += bytes,
+            Role::Activation => h.saved_activations += bytes,
+            _ => {}
+        }
+    }
+    h
+}
+
 /// What each value of a program is, for [`Breakdown`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {
