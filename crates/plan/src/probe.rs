@@ -5,10 +5,10 @@
 //!
 //! - the fixed time of one executor step: a chain of [`CHAIN`] dependent `4 x 4` products on
 //!   one device, less the same program with one product, over the steps between them;
-//! - the rate of `n x n x n` f32 products for `n` in [`GEMM_SIZES`]: one product on one
-//!   device (the pool's threads split it), less the run of the same program at `n = 1`
-//!   (the run's own fixed time); and the same on one device per pool thread, each running
-//!   its own product at once, per thread (how in-process devices run their dots);
+//! - the rate of `n x n x n` f32 products for `n` in [`GEMM_SIZES`]: a chain of products
+//!   on one device (the pool's threads split each) less a chain of one, per product less
+//!   its fixed step time; and the same on one device per pool thread, each running its own
+//!   chain at once, per thread (how in-process devices run their dots);
 //! - the start-up of an in-process collective: [`CHAIN`] pairs of a `4 x 4` product and a
 //!   sum all-reduce on [`COLLECTIVE_DEVICES`] devices, less the fixed time of the products
 //!   (each of the devices' steps, `ceil(devices / threads)` at a time), per all-reduce: the
@@ -126,18 +126,21 @@ pub fn measure(threads: usize) -> Option<Measured> {
     let one = Bench::new(&chain(4, 1, None), 4, 1)?.median(reps * 4)?;
     let long = Bench::new(&chain(4, CHAIN, None), 4, 1)?.median(reps)?;
     let step_seconds = ((long - one) / (CHAIN - 1) as f64).max(0.0);
-    // Products: one product of n a device, less the run's fixed time (the same program
-    // at n = 1); on one device, then on one device per thread.
+    // Products: a chain of `len` products of n a device less a chain of one, per product
+    // less its step's fixed time (the pool's threads stay awake through a run, as in a
+    // step); on one device, then on one device per thread.
     let rates = |devices: usize| -> Option<Vec<[f64; 2]>> {
         let mesh = (devices > 1).then_some(devices);
-        let text = |n| chain_of(n, 1, mesh, false);
-        let base = Bench::new(&text(1), 1, devices)?.median(reps * 4)?;
         let mut out = Vec::new();
         for n in GEMM_SIZES {
-            let reps = if n >= 256 { 5 } else { reps * 2 };
-            let t = Bench::new(&text(n), n, devices)?.median(reps)?;
             let flops = 2.0 * (n * n * n) as f64;
-            out.push([n as f64, flops / (t - base).max(1e-9)]);
+            // About 4 ms of products a run at 50 GFLOP/s, at least 2 and at most 50.
+            let len = ((2e8 / flops) as usize).clamp(2, 50);
+            let reps = if n >= 256 { 5 } else { reps };
+            let one = Bench::new(&chain_of(n, 1, mesh, false), n, devices)?.median(reps)?;
+            let many = Bench::new(&chain_of(n, len, mesh, false), n, devices)?.median(reps)?;
+            let each = (many - one) / (len - 1) as f64 - step_seconds;
+            out.push([n as f64, flops / each.max(1e-9)]);
         }
         Some(out)
     };
