@@ -271,8 +271,15 @@ impl Hardware {
         }
         if let Some(m) = crate::probe::measure(threads) {
             h.device.step_seconds = m.step_seconds;
-            h.device.gemm_rates = m.gemm_rates;
-            h.device.gemm_rates_per_thread = m.gemm_rates_per_thread;
+            // No product runs faster than the micro-kernel on operands in cache: a rate
+            // above it is the noise of a short timing.
+            let f32 = h.device.peak_flops.f32;
+            let threads_f = threads as f64;
+            let cap = |r: Vec<[f64; 2]>, peak: f64| -> Vec<[f64; 2]> {
+                r.into_iter().map(|[n, v]| [n, v.min(peak)]).collect()
+            };
+            h.device.gemm_rates = cap(m.gemm_rates, f32);
+            h.device.gemm_rates_per_thread = cap(m.gemm_rates_per_thread, f32 / threads_f);
             h.network.latency_s = m.collective_seconds;
         }
         h

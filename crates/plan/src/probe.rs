@@ -134,8 +134,8 @@ pub fn measure(threads: usize) -> Option<Measured> {
         let mut out = Vec::new();
         for n in GEMM_SIZES {
             let flops = 2.0 * (n * n * n) as f64;
-            // About 4 ms of products a run at 50 GFLOP/s, at least 2 and at most 50.
-            let len = ((2e8 / flops) as usize).clamp(2, 50);
+            // About 8 ms of products a run at 50 GFLOP/s, at least 4 and at most 50.
+            let len = ((4e8 / flops) as usize).clamp(4, 50);
             let reps = if n >= 256 { 5 } else { reps };
             let one = Bench::new(&chain_of(n, 1, mesh, false), n, devices)?.median(reps)?;
             let many = Bench::new(&chain_of(n, len, mesh, false), n, devices)?.median(reps)?;
