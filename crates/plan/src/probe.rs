@@ -145,7 +145,11 @@ pub fn measure(threads: usize) -> Option<Measured> {
         Some(out)
     };
     let gemm_rates = rates(1)?;
-    let gemm_rates_per_thread = if threads > 1 { rates(threads)? } else { gemm_rates.clone() };
+    let gemm_rates_per_thread = if threads > 1 {
+        rates(threads)?
+    } else {
+        gemm_rates.clone()
+    };
     // Collective start-up, past the devices' steps.
     let d = COLLECTIVE_DEVICES;
     let short = Bench::new(&chain(4, 1, Some(d)), 4, d)?.median(reps)?;

@@ -84,7 +84,7 @@ pub enum SearchError {
 
 /// Every `(data, expert, model)` with product `n`.
 pub fn meshes(n: usize) -> Vec<(usize, usize, usize)> {
-    let divisors = |x: usize| (1..=x).filter(move |d| x % d == 0);
+    let divisors = |x: usize| (1..=x).filter(move |d| x.is_multiple_of(*d));
     let mut out = Vec::new();
     for d in divisors(n) {
         for e in divisors(n / d) {
