@@ -11,6 +11,8 @@
 //! collective kind and mesh axes ([`cost`]); the step time by a roofline and alpha-beta
 //! model over a hardware profile ([`time`], [`hardware`]) with MFU, tokens per second and
 //! days for a token budget; and, when the run does not fit, what would help.
+//! [`search`] plans every layout of a config on a device count and ranks those that fit a
+//! memory limit; [`probe`] measures this machine through the executor for `this-cpu`.
 //!
 //! Options that change the program (a model axis, weight-update sharding,
 //! rematerialisation) belong to the run config: whatever the step program builds from the
