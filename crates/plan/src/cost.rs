@@ -45,6 +45,8 @@ pub struct OpCost {
     pub bytes: u64,
     /// The dtype whose peak rate its FLOPs run at (its first operand's, else its own).
     pub dtype: DType,
+    /// A dot's `[batch, m, n, k]`: `batch` products of `m x k` by `k x n`.
+    pub gemm: Option<[u64; 4]>,
 }
 
 /// One collective of the step.
@@ -66,6 +68,10 @@ pub struct CollectiveCost {
 pub struct StepCost {
     pub ops: Vec<OpCost>,
     pub collectives: Vec<CollectiveCost>,
+    /// Steps of the executor's plan that do work (neither a parameter nor a collective):
+    /// each pays the device's fixed step time. Set by the caller that prepared the plan;
+    /// 0 leaves the fixed times out.
+    pub work_steps: usize,
 }
 
 /// Bytes sent per collective kind and mesh axes.
@@ -149,6 +155,7 @@ impl StepCost {
                 flops: spmd::report::summary::flops(p, i),
                 bytes: (read + write) as u64,
                 dtype,
+                gemm: gemm_dims(p, ins),
             });
         }
         cost
@@ -190,6 +197,27 @@ impl StepCost {
         v.sort_by_key(|c| std::cmp::Reverse(c.bytes));
         v
     }
+}
+
+/// A dot's `[batch, m, n, k]` from its operands' shapes (`None` for other instructions).
+fn gemm_dims(p: &Program, ins: &ir::Instr) -> Option<[u64; 4]> {
+    let Op::DotGeneral(d) = &ins.op else {
+        return None;
+    };
+    let (l, r) = (&p.ty(ins.operands[0]).shape, &p.ty(ins.operands[1]).shape);
+    let prod = |s: &[usize], dims: &[usize]| dims.iter().map(|&i| s[i] as u64).product::<u64>();
+    let free = |s: &[usize], a: &[usize], b: &[usize]| {
+        (0..s.len())
+            .filter(|i| !a.contains(i) && !b.contains(i))
+            .map(|i| s[i] as u64)
+            .product::<u64>()
+    };
+    Some([
+        prod(l, &d.lhs_batch),
+        free(l, &d.lhs_batch, &d.lhs_contract),
+        free(r, &d.rhs_batch, &d.rhs_contract),
+        prod(l, &d.lhs_contract),
+    ])
 }
 
 /// The product of the sizes of the mesh axes after the last of `axes` (row-major device

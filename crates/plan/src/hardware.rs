@@ -31,6 +31,58 @@ pub struct Device {
     /// devices): a step's work is every device's, and the memory is the machine's.
     #[serde(default)]
     pub shared_by_devices: bool,
+    /// The fixed time of one executor step on a device (an instruction or a fused group of
+    /// them), whatever its size: dispatch and buffer management on a CPU, a kernel launch
+    /// on an accelerator. Seconds.
+    #[serde(default)]
+    pub step_seconds: f64,
+    /// Cores the in-process devices share ([`Device::shared_by_devices`]): a device runs its
+    /// steps one after another on one of them, so `d` devices pay the fixed step times of
+    /// `ceil(d / threads)` devices.
+    #[serde(default = "one")]
+    pub threads: u32,
+    /// The rate of `n x n x n` f32 products through the executor, `[n, FLOP/s]` pairs in
+    /// increasing `n`: a dot of `M x K` by `K x N` runs at the rate of
+    /// `n = 3 / (1/M + 1/N + 1/K)` (its FLOPs per element of its operands and result, as
+    /// a cube's), interpolated in `log n` and held at the ends; other dtypes scale it by
+    /// their peak over f32's. Empty: every dot at the peak.
+    #[serde(default)]
+    pub gemm_rates: Vec<[f64; 2]>,
+    /// As `gemm_rates`, per thread while every thread runs a product of its own: the rate
+    /// of in-process devices ([`Device::shared_by_devices`]) when a step has more than
+    /// one, `min(devices, threads)` of them at once. Empty: `gemm_rates`.
+    #[serde(default)]
+    pub gemm_rates_per_thread: Vec<[f64; 2]>,
+}
+
+impl Device {
+    /// The FLOP rate of products of `m x k` by `k x n` with operands of `dtype`, on a
+    /// step of `devices` devices.
+    pub fn dot_flops_per_s(&self, dtype: ir::DType, m: u64, n: u64, k: u64, devices: usize) -> f64 {
+        let peak = self.peak_flops.of(dtype);
+        let concurrent = self.shared_by_devices && devices > 1;
+        let (r, scale) = if concurrent && !self.gemm_rates_per_thread.is_empty() {
+            let at_once = devices.min(self.threads.max(1) as usize) as f64;
+            (&self.gemm_rates_per_thread, at_once)
+        } else {
+            (&self.gemm_rates, 1.0)
+        };
+        if r.is_empty() || m == 0 || n == 0 || k == 0 {
+            return peak;
+        }
+        let cube = 3.0 / (1.0 / m as f64 + 1.0 / n as f64 + 1.0 / k as f64);
+        let f32_rate = if cube <= r[0][0] {
+            r[0][1]
+        } else if cube >= r[r.len() - 1][0] {
+            r[r.len() - 1][1]
+        } else {
+            let i = r.iter().position(|p| p[0] >= cube).unwrap_or(r.len() - 1);
+            let (a, b) = (r[i - 1], r[i]);
+            let t = (cube.ln() - a[0].ln()) / (b[0].ln() - a[0].ln());
+            a[1] + t * (b[1] - a[1])
+        };
+        scale * f32_rate * peak / self.peak_flops.f32
+    }
 }
 
 /// Peak FLOP rates, per second.
@@ -140,6 +192,26 @@ impl Hardware {
                 return Err(format!("{field} = {v}: use a finite value > 0"));
             }
         }
+        if !(self.device.step_seconds.is_finite() && self.device.step_seconds >= 0.0) {
+            return Err("device.step_seconds: use a finite value >= 0".into());
+        }
+        if self.device.threads == 0 {
+            return Err("device.threads = 0: use at least 1".into());
+        }
+        for (field, rates) in [
+            ("gemm_rates", &self.device.gemm_rates),
+            ("gemm_rates_per_thread", &self.device.gemm_rates_per_thread),
+        ] {
+            if rates
+                .iter()
+                .any(|p| !(p[0] >= 1.0 && p[1].is_finite() && p[1] > 0.0))
+                || rates.windows(2).any(|w| w[1][0] <= w[0][0])
+            {
+                return Err(format!(
+                    "device.{field}: use [n, FLOP/s] pairs with n >= 1 increasing and rates > 0"
+                ));
+            }
+        }
         if !(self.network.latency_s.is_finite() && self.network.latency_s >= 0.0) {
             return Err("network.latency_s: use a finite value >= 0".into());
         }
@@ -175,12 +247,15 @@ impl Hardware {
     /// This machine, measured now (about a second): the GEMM micro-kernel's rate on every
     /// pool thread (`runtime::probe::gemm_gflops`, as `gshard bench probe`), the rate of
     /// copying a buffer larger than the caches (memory and collectives), the memory
-    /// available. A probe that cannot run here keeps the file's figure.
+    /// available, and through the executor itself ([`crate::probe`]): the fixed time of a
+    /// step, the rate of products from small to large, and the start-up of an in-process
+    /// collective. A probe that cannot run here keeps the file's figure.
     pub fn this_cpu() -> Hardware {
         let mut h = Hardware::built_in("this-cpu").expect("the built-in profile parses");
-        let threads = rayon::current_num_threads().max(1) as f64;
+        let threads = rayon::current_num_threads().max(1);
+        h.device.threads = threads as u32;
         if let Some(g) = runtime::probe::gemm_gflops(0.3) {
-            let f32 = g * 1e9 * threads;
+            let f32 = g * 1e9 * threads as f64;
             h.device.peak_flops = PeakFlops {
                 bf16: f32,
                 f32,
@@ -193,6 +268,19 @@ impl Hardware {
         h.network.link_bytes_per_s = copy;
         if let Some(avail) = train::memory::available_bytes() {
             h.device.memory_bytes = avail as f64;
+        }
+        if let Some(m) = crate::probe::measure(threads) {
+            h.device.step_seconds = m.step_seconds;
+            // No product runs faster than the micro-kernel on operands in cache: a rate
+            // above it is the noise of a short timing.
+            let f32 = h.device.peak_flops.f32;
+            let threads_f = threads as f64;
+            let cap = |r: Vec<[f64; 2]>, peak: f64| -> Vec<[f64; 2]> {
+                r.into_iter().map(|[n, v]| [n, v.min(peak)]).collect()
+            };
+            h.device.gemm_rates = cap(m.gemm_rates, f32);
+            h.device.gemm_rates_per_thread = cap(m.gemm_rates_per_thread, f32 / threads_f);
+            h.network.latency_s = m.collective_seconds;
         }
         h
     }

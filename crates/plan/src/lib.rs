@@ -11,6 +11,8 @@
 //! collective kind and mesh axes ([`cost`]); the step time by a roofline and alpha-beta
 //! model over a hardware profile ([`time`], [`hardware`]) with MFU, tokens per second and
 //! days for a token budget; and, when the run does not fit, what would help.
+//! [`search`] plans every layout of a config on a device count and ranks those that fit a
+//! memory limit; [`probe`] measures this machine through the executor for `this-cpu`.
 //!
 //! Options that change the program (a model axis, weight-update sharding,
 //! rematerialisation) belong to the run config: whatever the step program builds from the
@@ -19,6 +21,8 @@
 pub mod cost;
 pub mod hardware;
 pub mod presets;
+pub mod probe;
+pub mod search;
 pub mod text;
 pub mod time;
 
@@ -91,6 +95,8 @@ pub struct Report {
     pub mesh: String,
     pub devices: usize,
     pub hardware: String,
+    /// The profile planned with (as measured, for `this-cpu`).
+    pub profile: Hardware,
     /// Trainable parameters of the model (global).
     pub params: u64,
     /// Peak bytes live on one device in a step, and what they hold.
@@ -157,7 +163,15 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
     let p = &part.program;
     let exe = runtime::Executable::for_planning(p)?;
     let planned = train::memory::plan_of(&exe, opts.memory);
-    let cost = StepCost::of(p);
+    let mut cost = StepCost::of(p);
+    let untimed = p
+        .instrs
+        .iter()
+        .filter(|i| {
+            matches!(i.op, ir::Op::Parameter { .. }) || i.op.class() == ir::OpClass::Collective
+        })
+        .count();
+    cost.work_steps = exe.num_steps().saturating_sub(untimed);
     let devices = cfg.devices();
     let hw = &opts.hardware;
     let t = time::step_time(&cost, hw, devices);
@@ -193,6 +207,7 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
         mesh: p.mesh.as_ref().map(|m| m.to_string()).unwrap_or_default(),
         devices,
         hardware: hw.name.clone(),
+        profile: hw.clone(),
         params,
         peak_bytes_per_device: peak,
         breakdown: planned.breakdown,

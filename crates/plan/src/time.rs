@@ -1,8 +1,15 @@
-//! The time model of a step: each instruction by roofline (its FLOPs at the peak of its
+//! The time model of a step: each instruction by roofline (its FLOPs at the rate of its
 //! dtype or its memory traffic at the memory bandwidth, whichever is longer), each
-//! collective by an alpha-beta model over the links of its mesh axes and the hardware's
-//! topology. Compute and communication do not overlap (the executor runs collectives
-//! between segments, bulk-synchronously), so the step is their sum.
+//! executor step a fixed time on top ([`crate::hardware::Device::step_seconds`], the
+//! `dispatch` part), each collective by an alpha-beta model over the links of its mesh
+//! axes and the hardware's topology. Compute and communication do not overlap (the
+//! executor runs collectives between segments, bulk-synchronously), so the step is their
+//! sum.
+//!
+//! A dot's rate is the profile's for its shape
+//! ([`crate::hardware::Device::dot_flops_per_s`]: measured products of its size on
+//! `this-cpu`, the peak where the profile gives no curve); other instructions' FLOPs run
+//! at the dtype's peak.
 //!
 //! Collectives, for a group of `k` devices where each sends `w` bytes (the wire bytes: an
 //! all-reduce's `2 (k-1)/k` of its operand, an all-to-all's `(k-1)/k`), with link bandwidth
@@ -63,11 +70,27 @@ pub fn step_time(cost: &StepCost, hw: &Hardware, devices: usize) -> StepTime {
     };
     let mut t = StepTime::default();
     for o in &cost.ops {
-        let flops = o.flops as f64 / dev.peak_flops.of(o.dtype);
+        let rate = match o.gemm {
+            Some([_, m, n, k]) => dev.dot_flops_per_s(o.dtype, m, n, k, devices),
+            None => dev.peak_flops.of(o.dtype),
+        };
+        let flops = o.flops as f64 / rate;
         let bytes = o.bytes as f64 / dev.memory_bytes_per_s;
         let s = copies * flops.max(bytes);
         *t.compute.entry(o.family.name()).or_insert(0.0) += s;
         t.compute_seconds += s;
+    }
+    // Every device pays each step's fixed time; in-process devices run their steps one
+    // after another on one of the shared threads each.
+    let rounds = if dev.shared_by_devices {
+        devices.div_ceil(dev.threads.max(1) as usize) as f64
+    } else {
+        1.0
+    };
+    let dispatch = rounds * cost.work_steps as f64 * dev.step_seconds;
+    if dispatch > 0.0 {
+        t.compute.insert("dispatch", dispatch);
+        t.compute_seconds += dispatch;
     }
     for c in &cost.collectives {
         let s = collective_seconds(c, hw, devices);

@@ -4,7 +4,9 @@
 //! preset of GShard's models (`--preset`), a mesh, a hardware profile (a built-in name or
 //! a TOML file); `--remat`, `--precision` and `--shard-weights` change the run config as
 //! they do for `gshard train`; `--json` prints one object; `--png FILE` also draws the
-//! memory and step-time breakdowns as bar charts.
+//! memory and step-time breakdowns as bar charts. `--search --devices N --memory 16GiB`
+//! plans every layout of the config on N devices (`plan::search`) and prints the fastest
+//! that fit.
 
 use anyhow::{Context, Result};
 use plan::hardware::Hardware;
@@ -46,6 +48,20 @@ pub struct Args {
     /// Also draw the memory and step-time breakdowns as bar charts to this PNG file.
     #[arg(long, value_name = "FILE")]
     png: Option<PathBuf>,
+    /// Search the layouts (mesh, weight sharding, remat, capacity factor) of the config on
+    /// --devices devices that fit --memory, fastest first.
+    #[arg(long, conflicts_with_all = ["mesh", "png"])]
+    search: bool,
+    /// Devices to search over (default: the config's).
+    #[arg(long, requires = "search")]
+    devices: Option<usize>,
+    /// Memory per device for --search: 16GiB, 2GB, 512MiB or bytes (default: the
+    /// hardware's per device).
+    #[arg(long, requires = "search")]
+    memory: Option<String>,
+    /// How many layouts --search prints.
+    #[arg(long, default_value_t = 5, requires = "search")]
+    top: usize,
 }
 
 /// The report's memory breakdown (peak per device) and step-time breakdown as bar charts.
@@ -149,10 +165,35 @@ pub fn main(a: Args) -> Result<()> {
             );
         }
     }
+    let memory = match &a.memory {
+        Some(text) => Some(plan::search::parse_bytes(text).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
     let hw = hardware(&a.hardware)?;
     let mut opts = PlanOptions::new(hw, &label);
     opts.tokens = a.tokens;
     opts.preset = a.preset.as_deref().and_then(Preset::find).copied();
+    if a.search {
+        let devices = a.devices.unwrap_or_else(|| cfg.devices());
+        let d = &opts.hardware.device;
+        let memory_bytes = memory.unwrap_or(if d.shared_by_devices {
+            (d.memory_bytes / devices.max(1) as f64) as u64
+        } else {
+            d.memory_bytes as u64
+        });
+        let s = plan::search::SearchOptions {
+            devices,
+            memory_bytes,
+            top: a.top,
+        };
+        let found = plan::search::search(&cfg, &opts, &s)?;
+        if a.json {
+            println!("{}", serde_json::to_string(&found.candidates)?);
+        } else {
+            print!("{}", plan::search::render(&found, &s));
+        }
+        return Ok(());
+    }
     let report = plan::plan(&cfg, &opts)?;
     if let Some(path) = &a.png {
         draw(&report, path)?;
