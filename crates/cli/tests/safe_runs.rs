@@ -252,7 +252,7 @@ fn a_second_signal_ends_the_run_at_once() {
     wait_for(&rx, "step 1:");
     kill(child.id(), "INT");
     // Apart, so the two are not merged into one pending signal.
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::thread::sleep(std::time::Duration::from_millis(50));
     kill(child.id(), "INT");
     let started = std::time::Instant::now();
     let status = child.wait().unwrap();
