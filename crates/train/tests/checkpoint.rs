@@ -5,28 +5,19 @@
 //! format, a mesh that cannot hold the state, another model's checkpoint) are one-line
 //! errors naming the file and the fix, and nothing is overwritten on the way.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use train::checkpoint::{self, CheckpointError, CrashPoint, Source};
 use train::config::TrainConfig;
-use train::data::{Corpus, Pair};
+use train::data::Corpus;
 use train::tokenizer::Tokenizer;
 use train::trainer::{build_programs, run, Event, RunOptions, Trainer};
 
 fn corpus() -> Corpus {
-    let mut pairs = Vec::new();
-    for p in testkit::phrases::phrases(1500) {
-        for (lang, src) in [("de", &p.de), ("fr", &p.fr)] {
-            pairs.push(Pair {
-                lang: Arc::from(lang),
-                origin: Arc::from("test"),
-                english: p.en.clone(),
-                source: src.clone(),
-            });
-        }
-    }
-    Corpus::from_pairs(pairs)
+    common::corpus(1500, &["de", "fr"])
 }
 
 fn tiny(data: usize, expert: usize) -> TrainConfig {

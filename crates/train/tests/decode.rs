@@ -8,9 +8,10 @@
 //! dropless copy of it, since with drops a token's routing depends on the rest of its group
 //! (other sentences, padding at later positions) and no cache can reproduce that.
 
-use std::sync::Arc;
+mod common;
+
 use train::config::TrainConfig;
-use train::data::{Corpus, Pair};
+use train::data::Corpus;
 use train::tokenizer::Tokenizer;
 use train::trainer::{load_run, run, translate, DecodeMode, DecodeOptions, LoadedRun, RunOptions};
 
@@ -37,18 +38,7 @@ fn tiny(mesh: (usize, usize), capacity_factor: f64) -> TrainConfig {
 
 /// Word-by-word "translations" of random 2-4 word phrases into English.
 fn corpus() -> Corpus {
-    let mut pairs = Vec::new();
-    for p in testkit::phrases::phrases(1500) {
-        for (lang, src) in [("de", &p.de), ("fr", &p.fr)] {
-            pairs.push(Pair {
-                lang: Arc::from(lang),
-                origin: Arc::from("test"),
-                english: p.en.clone(),
-                source: src.clone(),
-            });
-        }
-    }
-    Corpus::from_pairs(pairs)
+    common::corpus(1500, &["de", "fr"])
 }
 
 /// `cfg` trained for a few steps (so that translations depend on the source and vary along

@@ -3,27 +3,17 @@
 //! sharding, give the single device's loss curve and weights (f32 tolerance), and a model
 //! axis that does not divide a dimension is a one-line error naming it.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use train::checkpoint;
 use train::config::TrainConfig;
-use train::data::{Corpus, Pair};
+use train::data::Corpus;
 use train::trainer::{run, RunOptions};
 
 fn corpus() -> Corpus {
-    let mut pairs = Vec::new();
-    for p in testkit::phrases::phrases(600) {
-        for (lang, src) in [("de", &p.de), ("fr", &p.fr)] {
-            pairs.push(Pair {
-                lang: Arc::from(lang),
-                origin: Arc::from("test"),
-                english: p.en.clone(),
-                source: src.clone(),
-            });
-        }
-    }
-    Corpus::from_pairs(pairs)
+    common::corpus(600, &["de", "fr"])
 }
 
 fn tiny(data: usize, expert: usize, model: usize) -> TrainConfig {

@@ -3,27 +3,17 @@
 //! mesh follows the single device's, the weights and optimizer state stay f32, and a wrong
 //! precision is a one-line error naming the values it takes.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use train::checkpoint;
 use train::config::{Precision, TrainConfig};
-use train::data::{Corpus, Pair};
+use train::data::Corpus;
 use train::trainer::{run, RunOptions};
 
 fn corpus() -> Corpus {
-    let mut pairs = Vec::new();
-    for p in testkit::phrases::phrases(600) {
-        for (lang, src) in [("de", &p.de), ("fr", &p.fr)] {
-            pairs.push(Pair {
-                lang: Arc::from(lang),
-                origin: Arc::from("test"),
-                english: p.en.clone(),
-                source: src.clone(),
-            });
-        }
-    }
-    Corpus::from_pairs(pairs)
+    common::corpus(600, &["de", "fr"])
 }
 
 fn tiny(data: usize, expert: usize, precision: Precision) -> TrainConfig {

@@ -4,23 +4,15 @@
 //! f32 rounding (the executor's f32 dot products may take another path in a recomputed
 //! context); a run may switch policy when it resumes; a bad policy is a one-line error.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use train::config::TrainConfig;
-use train::data::{Corpus, Pair};
+use train::data::Corpus;
 use train::trainer::{run, RunOptions};
 
 fn corpus() -> Corpus {
-    let mut pairs = Vec::new();
-    for p in testkit::phrases::phrases(400) {
-        pairs.push(Pair {
-            lang: Arc::from("de"),
-            origin: Arc::from("test"),
-            english: p.en.clone(),
-            source: p.de.clone(),
-        });
-    }
-    Corpus::from_pairs(pairs)
+    common::corpus(400, &["de"])
 }
 
 fn tiny(remat: &str) -> TrainConfig {
