@@ -236,10 +236,15 @@ pub struct Held {
     pub saved_activations: u64,
 }
 
+/// Whether instruction `i` of `p` is the optimizer's (its scope is under `optimizer`).
+fn in_optimizer(p: &Program, i: usize) -> bool {
+    p.scope(ir::ValueId(i as u32)).path.starts_with("optimizer")
+}
+
 /// [`Held`] of per-device program `p`.
 pub fn held(p: &Program) -> Held {
     let roles = roles(p);
-    let optimizer = |i: usize| p.scope(ir::ValueId(i as u32)).path.starts_with("optimizer");
+    let optimizer = |i: usize| in_optimizer(p, i);
     let mut read_by_optimizer = vec![false; p.instrs.len()];
     for (i, ins) in p.instrs.iter().enumerate() {
         if optimizer(i) {
@@ -300,9 +305,9 @@ pub fn breakdown(p: &Program, plan: &runtime::MemoryPlan) -> Breakdown {
 
 /// The role of every value of `p` (see [`Breakdown`]'s fields).
 fn roles(p: &Program) -> Vec<Role> {
-    use ir::{Op, ValueId};
+    use ir::Op;
     let n = p.instrs.len();
-    let optimizer = |i: usize| p.scope(ValueId(i as u32)).path.starts_with("optimizer");
+    let optimizer = |i: usize| in_optimizer(p, i);
     let grad = |i: usize| p.scopes.is_grad(p.instrs[i].scope);
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (i, ins) in p.instrs.iter().enumerate() {
