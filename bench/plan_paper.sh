@@ -2,7 +2,9 @@
 # GShard's Table 1 models and the 1T-parameter model planned on TPU v3 (`gshard plan
 # --preset P --json`, one expert per device): our parameter count against the paper's,
 # the per-device memory (as the preset is, and with `--remat layer`), the predicted steps/s
-# against Table 3's, and the all-to-all share of the predicted step. Then the cost of
+# against Table 3's, and the all-to-all share of the predicted step. Then §5.3's scaling:
+# all-reduce and all-to-all per step of the 36-layer models from 128 to 2,048 devices, as
+# planned and with the profile's per-hop start-up set to zero. Then the cost of
 # planning the 600B model at 2 and at 2,048 devices: wall time and peak resident set of the
 # `gshard plan` process (7 runs each, alternating).
 #
@@ -17,7 +19,7 @@ gshard="${GSHARD:-${CARGO_TARGET_DIR:-$root/target}/release/gshard}"
 [ -n "${GSHARD:-}" ] || (cd "$root" && cargo build --release -p cli -q)
 mkdir -p "$(dirname "$out")"
 
-python3 - "$gshard" "$out" <<'PY'
+TPU_V3_TOML="$root/crates/plan/hardware/tpu-v3.toml" python3 - "$gshard" "$out" <<'PY'
 import json, os, statistics, subprocess, sys, time
 
 gshard, out = sys.argv[1], sys.argv[2]
@@ -70,6 +72,41 @@ with open(out, "w") as f:
               f"{pre['paper_params'] / 1e9:.1f} G | {r['params'] / pre['paper_params']:.3f} | "
               f"{gib(r['resident_bytes_per_device'])} | "
               f"{gib(remat['resident_bytes_per_device'])} | {steps_cell} | {100 * share:.1f} % |")
+
+    # §5.3: all-reduce about flat, all-to-all about sqrt(D). The same models planned on
+    # a copy of the TPU v3 profile without per-hop start-up separate bandwidth from
+    # latency (the partitioner does not combine the gradient all-reduces as XLA does).
+    import re, tempfile
+    with open(os.environ["TPU_V3_TOML"]) as src:
+        text = re.sub(r"(?m)^latency_s = .*$", "latency_s = 0.0", src.read())
+    no_latency = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    no_latency.write(text.replace('name = "tpu-v3"', 'name = "tpu-v3-no-latency"'))
+    no_latency.close()
+    def seconds(r, kind):
+        return sum(v for k, v in r["time"]["collectives"].items() if k.startswith(kind))
+    def sent(r, kind):
+        return sum(c["bytes"] for c in r["collective_bytes"] if c["kind"] == kind)
+    print()
+    print("| model | devices | sqrt(D / 128) | all-reduce: GiB sent per device, seconds "
+          "(without start-up) | all-to-all: GiB sent per device, seconds (without start-up) |")
+    print("|---|---|---|---|---|")
+    for name in ["gshard-128e-36l", "gshard-512e-36l", "gshard-2048e-36l"]:
+        r, _, _ = plan("--preset", name)
+        z, _, _ = plan("--preset", name, "--hardware", no_latency.name)
+        row = {"preset": name, "devices": r["devices"],
+               "all_reduce_bytes": sent(r, "all_reduce"),
+               "all_reduce_seconds": seconds(r, "all_reduce"),
+               "all_reduce_seconds_no_latency": seconds(z, "all_reduce"),
+               "all_to_all_bytes": sent(r, "all_to_all"),
+               "all_to_all_seconds": seconds(r, "all_to_all"),
+               "all_to_all_seconds_no_latency": seconds(z, "all_to_all")}
+        f.write(json.dumps(row) + "\n")
+        print(f"| {name} | {r['devices']} | {(r['devices'] / 128) ** 0.5:.1f} | "
+              f"{row['all_reduce_bytes'] / 2**30:.2f}, {row['all_reduce_seconds']:.3f} s "
+              f"({row['all_reduce_seconds_no_latency']:.3f} s) | "
+              f"{row['all_to_all_bytes'] / 2**30:.2f}, {row['all_to_all_seconds']:.3f} s "
+              f"({row['all_to_all_seconds_no_latency']:.3f} s) |")
+    os.unlink(no_latency.name)
 
     print()
     print("| gshard-600b planned at | wall time, median (fastest) | peak resident set | "

@@ -2,7 +2,8 @@
 //! process, plans it within 2 GB of memory (its peak resident set, from the kernel's rusage
 //! of the child), and its JSON report has the paper's parameter count within 7 %, one
 //! expert per device and an all-to-all over the expert axis; with `--remat layer` it fits a
-//! 16 GiB core, and a bad policy is a one-line error; `--png` writes a valid PNG. Time is
+//! 16 GiB core, and a bad policy is a one-line error; `--png` writes a valid PNG;
+//! `--search` ranks the layouts that fit, fastest first, and says what memory would. Time is
 //! not asserted here (the README gives the release binary's); the per-device program's size
 //! against the device count is `crates/plan/tests/plan.rs`.
 
@@ -130,4 +131,54 @@ fn png_draws_the_breakdowns_as_a_valid_png() {
     assert_eq!(code, 2);
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("create it"), "{stderr}");
+}
+
+#[test]
+fn search_ranks_the_layouts_that_fit_fastest_first() {
+    let search = |memory: &str, top: &str| {
+        run_measured(&[
+            "plan",
+            "--search",
+            "--devices",
+            "8",
+            "--memory",
+            memory,
+            "--top",
+            top,
+            "--json",
+        ])
+    };
+    let (code, stdout, stderr, _) = search("16GiB", "5");
+    assert_eq!(code, 0, "gshard plan --search failed: {stderr}");
+    let all: Vec<serde_json::Value> = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(all.len(), 5);
+    let f = |c: &serde_json::Value, k: &str| c[k].as_f64().unwrap();
+    for c in &all {
+        let n = f(c, "data") * f(c, "expert") * f(c, "model");
+        assert_eq!(n, 8.0, "{c}");
+        assert!(c["why"].as_str().unwrap().contains("step"), "{c}");
+    }
+    assert!(
+        all.windows(2)
+            .all(|w| f(&w[0], "step_seconds") <= f(&w[1], "step_seconds")),
+        "not fastest first: {stdout}"
+    );
+    // A limit between the smallest and the largest layout keeps only those under it.
+    let sizes: Vec<f64> = all
+        .iter()
+        .map(|c| f(c, "resident_bytes_per_device"))
+        .collect();
+    let limit = sizes.iter().cloned().fold(f64::MAX, f64::min).ceil() as u64;
+    let (code, stdout, stderr, _) = search(&limit.to_string(), "100");
+    assert_eq!(code, 0, "gshard plan --search failed: {stderr}");
+    let fitting: Vec<serde_json::Value> = serde_json::from_str(&stdout).unwrap();
+    assert!(!fitting.is_empty());
+    for c in &fitting {
+        assert!(f(c, "resident_bytes_per_device") <= limit as f64, "{c}");
+    }
+    // Nothing fits: one line that says how much would.
+    let (code, _, stderr, _) = search("1MiB", "5");
+    assert_eq!(code, 2);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("raise --memory to at least"), "{stderr}");
 }

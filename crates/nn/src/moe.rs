@@ -456,9 +456,9 @@ impl<'a> Route<'a> {
 /// With `sharding`, `x` is split on G, `wg` (and a noisy gate's `w_noise`) replicated, the
 /// expert buffers and weights split on E, and the expert outputs split back on G before
 /// the combine (the two all-to-alls). Mixed precision: an `x` narrower than the weights
-/// (bf16 activations, f32 master weights) is routed in the weights' dtype and dispatched,
-/// run through the experts and combined in its own, so the all-to-alls move it at its
-/// width.
+/// (bf16 activations, f32 master weights) is routed and combined in the weights' dtype
+/// and dispatched and run through the experts in its own, so the all-to-alls move it at
+/// its width.
 pub fn moe_layer(
     x: &Value,
     w: MoeWeights,
@@ -582,8 +582,14 @@ pub fn moe_layer(
     };
     drop(scope);
     let scope = b.scope("dispatch");
-    // Dispatch, experts and combine in `x`'s dtype (0/1 dispatch values are exact in any).
+    // Dispatch and experts in `x`'s dtype (0/1 dispatch values are exact in any), so the
+    // all-to-alls move it at its width. The combine reads the routing's weights in their
+    // own dtype: under mixed precision the expert outputs are widened for it (after their
+    // all-to-all) and its result narrowed, so the f32 combine weights are read as the f32
+    // step reads them (by their non-zeros, with no bf16 copy kept for the backward pass)
+    // and keep f32's precision.
     let dt = x.dtype();
+    let rt = gating.combine().dtype();
     let mut xin = b.einsum("GSEC,GSM->EGCM", &[&gating.dispatch().convert(dt), &x]);
     // The expert buffers: E split over the expert axes, G over the remaining group axes.
     let buffers = sharding.map(|s| {
@@ -615,7 +621,12 @@ pub fn moe_layer(
     if let Some((_, _, g)) = &buffers {
         yout = mesh_split(&yout, &[&[], g, &[], &[]])?;
     }
-    let y = b.einsum("GSEC,EGCM->GSM", &[&gating.combine().convert(dt), &yout]);
+    let y = if dt == rt {
+        b.einsum("GSEC,EGCM->GSM", &[gating.combine(), &yout])
+    } else {
+        b.einsum("GSEC,EGCM->GSM", &[gating.combine(), &yout.convert(rt)])
+            .convert(dt)
+    };
     Ok(MoeOut {
         y,
         logits,

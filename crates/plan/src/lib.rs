@@ -107,6 +107,9 @@ pub struct Report {
     pub held: train::memory::Held,
     /// The step where the peak is reached (scope of its instruction).
     pub peak_at: String,
+    /// The largest buffers live at the peak, the largest first (at most
+    /// [`LARGEST_AT_PEAK`]): what to shrink first.
+    pub largest_at_peak: Vec<PeakBuffer>,
     /// Inputs (weights, optimizer state, batch) the caller holds that are not live at the
     /// peak, and the peak with them: what must fit.
     pub inputs_elsewhere_bytes: u64,
@@ -139,6 +142,43 @@ pub struct Report {
     pub plan_seconds: f64,
     /// The preset planned, with the paper's parameter count and steps per second.
     pub preset: Option<Preset>,
+}
+
+/// How many of the largest buffers at the peak a report lists.
+pub const LARGEST_AT_PEAK: usize = 8;
+
+/// One buffer live on a device at its peak.
+#[derive(Clone, Debug, Serialize)]
+pub struct PeakBuffer {
+    /// The value (`%N` of the per-device program), or what the executor holds for it.
+    pub value: String,
+    /// The scope of the instruction that made it.
+    pub scope: String,
+    /// Its per-device type.
+    pub ty: String,
+    pub bytes: u64,
+}
+
+/// The largest buffers of `plan`'s peak in program `p` (see [`Report::largest_at_peak`]).
+fn largest_at_peak(p: &ir::Program, plan: &runtime::MemoryPlan) -> Vec<PeakBuffer> {
+    let mut v: Vec<&runtime::LiveBuffer> = plan.at_peak.iter().collect();
+    v.sort_by_key(|b| (std::cmp::Reverse(b.bytes), b.value));
+    v.into_iter()
+        .take(LARGEST_AT_PEAK)
+        .map(|b| {
+            let what = match b.held {
+                runtime::Held::Value => "",
+                runtime::Held::CollectiveOperand => " (collective operand)",
+                runtime::Held::Placed => " (all-to-all result, placed)",
+            };
+            PeakBuffer {
+                value: format!("%{}{what}", b.value.index()),
+                scope: p.scope(b.value).to_string(),
+                ty: p.ty(b.value).to_string(),
+                bytes: b.bytes as u64,
+            }
+        })
+        .collect()
 }
 
 /// The run config of preset `name`.
@@ -213,6 +253,7 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
         breakdown: planned.breakdown,
         held: train::memory::held(p),
         peak_at,
+        largest_at_peak: largest_at_peak(p, &planned.plan),
         inputs_elsewhere_bytes: planned.inputs_elsewhere,
         resident_bytes_per_device: resident,
         memory_bytes,

@@ -77,6 +77,19 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(o, "  {name:<20} {:>12}  {share:5.1}%", human(b));
         }
     }
+    if !r.largest_at_peak.is_empty() {
+        let _ = writeln!(o, "largest buffers at the peak:");
+        for b in &r.largest_at_peak {
+            let _ = writeln!(
+                o,
+                "  {:>12}  {:<24} {} {}",
+                human(b.bytes),
+                b.ty,
+                b.value,
+                b.scope
+            );
+        }
+    }
     let _ = writeln!(
         o,
         "compute per device: {}FLOP",

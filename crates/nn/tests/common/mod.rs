@@ -60,7 +60,18 @@ pub fn inputs(
     vocab: usize,
     src_vocab: usize,
 ) -> HashMap<String, HostTensor> {
-    let mut r = lcg(7);
+    inputs_seeded(p, specs, vocab, src_vocab, 7)
+}
+
+/// [`inputs`] drawn from the generator seeded with `seed`.
+pub fn inputs_seeded(
+    p: &ir::Program,
+    specs: &[nn::params::ParamSpec],
+    vocab: usize,
+    src_vocab: usize,
+    seed: u64,
+) -> HashMap<String, HostTensor> {
+    let mut r = lcg(seed);
     let mut m = HashMap::new();
     for s in specs {
         let n = s.ty.num_elements();
