@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # `gshard plan --search` against measured runs on this machine.
-# Searches the default config's layouts on 8 devices (`--hardware this-cpu`, measured when
+# Searches a config's layouts on 8 devices (`--hardware this-cpu`, measured when
 # planning), takes PICK of the fitting layouts spread evenly over the ranking (fastest,
 # slowest and between), trains each for STEPS steps and records the planned step time next
 # to the median measured one (steps 4 to the end, from metrics.jsonl); prints the Spearman
 # rank correlation of planned against measured.
 #
 # Usage: bench/search_vs_measured.sh    Env: DATA (the corpus directory, default data),
+#   MODEL (lines of the config's [model] table, default none: the main job's model; e.g.
+#   MODEL=$'model_dim = 128\nheads = 8\nffn_dim = 512' for the wider one),
 #   STEPS (default 12), PICK (default 8), MEMORY (default 16GiB), OUT (JSON lines, default
 #   bench/results/search_vs_measured.jsonl), GSHARD (the binary, default the release build
 #   under $CARGO_TARGET_DIR or target/).
@@ -16,6 +18,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 data="${DATA:-data}"
 steps="${STEPS:-12}"
 pick="${PICK:-8}"
+model="${MODEL:-}"
 memory="${MEMORY:-16GiB}"
 out="${OUT:-$root/bench/results/search_vs_measured.jsonl}"
 gshard="${GSHARD:-${CARGO_TARGET_DIR:-$root/target}/release/gshard}"
@@ -33,7 +36,7 @@ checkpoint_every = 1000000
 dir = \"$data\"
 dev_size = 8
 "
-printf '%s' "$common" > "$work/default.toml"
+printf '%s[model]\n%s\n' "$common" "$model" > "$work/default.toml"
 "$gshard" plan --config "$work/default.toml" --search --devices 8 --memory "$memory" \
     --top 100000 --hardware this-cpu --json > "$work/all.json"
 python3 - "$work/all.json" "$pick" > "$work/picked.tsv" <<'PY'
@@ -46,7 +49,7 @@ for i in idx:
                      x["shard_weights"] or "-", str(x["step_seconds"])]))
 PY
 while IFS=$'\t' read -r rank mesh remat cf shard planned; do
-    printf '%s[model]\ncapacity_factor = %s\n' "$common" "$cf" > "$work/run.toml"
+    printf '%s[model]\n%s\ncapacity_factor = %s\n' "$common" "$model" "$cf" > "$work/run.toml"
     extra=()
     [ "$shard" = "-" ] || extra=(--shard-weights "$shard")
     rm -rf "$work/run"

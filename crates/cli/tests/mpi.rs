@@ -13,38 +13,16 @@
 //! Without the `mpi` feature these tests print a notice and pass, unless
 //! `GSHARD_REQUIRE_MPI=1` (set by `.ci/run`) makes that a failure.
 
+mod common;
+
+use common::mpi::{mpi_ready, mpirun, ok, run, wait};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_gshard")
-}
-
-/// Whether the MPI tests can run here; prints why not.
-fn mpi_ready(test: &str) -> bool {
-    let required = std::env::var("GSHARD_REQUIRE_MPI").is_ok_and(|v| v == "1");
-    if !cfg!(feature = "mpi") {
-        assert!(
-            !required,
-            "GSHARD_REQUIRE_MPI=1 but the tests were built without `--features mpi`"
-        );
-        eprintln!("skipping {test}: built without the `mpi` feature (cargo nextest run --workspace --all-features)");
-        return false;
-    }
-    let ok = Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        ok || !required,
-        "GSHARD_REQUIRE_MPI=1 but `mpirun` is not on PATH (apt-get install openmpi-bin)"
-    );
-    if !ok {
-        eprintln!("skipping {test}: no `mpirun` on PATH");
-    }
-    ok
 }
 
 /// A scratch directory, removed when the test ends.
@@ -68,57 +46,6 @@ fn tmp(tag: &str) -> Tmp {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     Tmp(d)
-}
-
-/// `mpirun` for tests: root allowed, more ranks than cores allowed, shared-memory transport
-/// without the CMA single-copy path (which containers may forbid).
-fn mpirun(np: usize) -> Command {
-    let mut c = Command::new("mpirun");
-    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
-        .args(["-np", &np.to_string(), bin()]);
-    c
-}
-
-/// Wait for `child` at most `limit`; kill it and fail the test past that.
-fn wait(mut child: Child, limit: Duration, what: &str) -> (Output, Duration) {
-    let t0 = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return (child.wait_with_output().unwrap(), t0.elapsed());
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what} still running after {limit:?}; stderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn run(mut c: Command, limit: Duration, what: &str) -> Output {
-    let child = c
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait(child, limit, what).0
-}
-
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn gshard(args: &[&str]) -> String {

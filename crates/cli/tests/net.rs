@@ -15,83 +15,15 @@
 //! These tests print a notice and pass when MPI or namespaces are missing, unless
 //! `GSHARD_REQUIRE_MPI=1` (set by `.ci/run`) makes that a failure.
 
+mod common;
+
+use common::mpi::{mpi_ready, mpirun, ok, required, run};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_gshard")
-}
-
-fn required() -> bool {
-    std::env::var("GSHARD_REQUIRE_MPI").is_ok_and(|v| v == "1")
-}
-
-/// Whether MPI runs here; prints why not (or fails under `GSHARD_REQUIRE_MPI=1`).
-fn mpi_here(test: &str) -> bool {
-    let why = if !cfg!(feature = "mpi") {
-        Some("built without the `mpi` feature (cargo nextest run --workspace --all-features)")
-    } else if !Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        Some("no `mpirun` on PATH (apt-get install openmpi-bin)")
-    } else {
-        None
-    };
-    match why {
-        None => true,
-        Some(w) => {
-            assert!(!required(), "GSHARD_REQUIRE_MPI=1 but {w}");
-            eprintln!("skipping {test}: {w}");
-            false
-        }
-    }
-}
-
-/// Runs `c` with a time limit; returns its output, failing the test past the limit.
-fn run_for(mut c: Command, limit: Duration) -> Output {
-    let mut child = c
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{c:?} ran past {limit:?}:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn success(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `mpirun -np n gshard` on this machine, as root, oversubscribed.
-fn mpirun(n: usize) -> Command {
-    let mut c = Command::new("mpirun");
-    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
-        .args(["-np", &n.to_string(), bin()]);
-    c
 }
 
 /// The bench's JSON rows.
@@ -127,7 +59,7 @@ fn bench_args(bytes: usize, algo: &str, iters: usize) -> Vec<String> {
 
 #[test]
 fn two_level_all_to_all_sends_one_message_per_host_pair() {
-    if !mpi_here("two_level_all_to_all_sends_one_message_per_host_pair") {
+    if !mpi_ready("two_level_all_to_all_sends_one_message_per_host_pair") {
         return;
     }
     let bytes = 65536;
@@ -142,7 +74,10 @@ fn two_level_all_to_all_sends_one_message_per_host_pair() {
             let mut c = mpirun(ranks);
             c.args(bench_args(bytes, algo, 2))
                 .args(["--hosts", &hosts.to_string()]);
-            let out = success(run_for(c, Duration::from_secs(120)));
+            let out = ok(
+                &run(c, Duration::from_secs(120), "bench collectives"),
+                "bench collectives",
+            );
             let r = &rows(&out)[0];
             assert_eq!(r["all_to_all"], algo, "{r}");
             assert_eq!(
@@ -161,13 +96,13 @@ fn two_level_all_to_all_sends_one_message_per_host_pair() {
 
 #[test]
 fn a_host_layout_that_does_not_fit_the_ranks_is_refused() {
-    if !mpi_here("a_host_layout_that_does_not_fit_the_ranks_is_refused") {
+    if !mpi_ready("a_host_layout_that_does_not_fit_the_ranks_is_refused") {
         return;
     }
     let mut c = mpirun(4);
     c.args(bench_args(4096, "two-level", 1))
         .args(["--hosts", "3"]);
-    let out = run_for(c, Duration::from_secs(60));
+    let out = run(c, Duration::from_secs(60), "bench collectives --hosts 3");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     let line = err
@@ -208,12 +143,16 @@ fn moe(dir: &Path) -> (String, String) {
         "-o",
         &p,
     ];
-    success(Command::new(bin()).args(export).output().unwrap());
-    success(
-        Command::new(bin())
+    ok(
+        &Command::new(bin()).args(export).output().unwrap(),
+        "gshard export",
+    );
+    ok(
+        &Command::new(bin())
             .args(["init", &p, "--out", &i, "--seed", "5"])
             .output()
             .unwrap(),
+        "gshard init",
     );
     (p, i)
 }
@@ -249,25 +188,29 @@ impl Drop for Scratch {
 
 #[test]
 fn moe_layer_with_two_level_all_to_all_equals_in_process_bitwise() {
-    if !mpi_here("moe_layer_with_two_level_all_to_all_equals_in_process_bitwise") {
+    if !mpi_ready("moe_layer_with_two_level_all_to_all_equals_in_process_bitwise") {
         return;
     }
     let dir = Scratch::new("moe");
     let (p, i) = moe(&dir.0);
     let want = dir.0.join("one.safetensors");
     let got = dir.0.join("two-level.safetensors");
-    success(
-        Command::new(bin())
+    ok(
+        &Command::new(bin())
             .args(["run", &p, "--inputs", &i, "--devices", "4", "--out"])
             .arg(&want)
             .output()
             .unwrap(),
+        "gshard run --devices 4",
     );
     let mut c = mpirun(4);
     c.args(["run", &p, "--inputs", &i, "--backend", "mpi"])
         .args(["--all-to-all", "two-level", "--hosts", "2", "--out"])
         .arg(&got);
-    success(run_for(c, Duration::from_secs(300)));
+    ok(
+        &run(c, Duration::from_secs(300), "mpirun gshard run"),
+        "mpirun gshard run",
+    );
     let (a, b) = (tensors(&want), tensors(&got));
     assert!(!a.is_empty());
     assert!(
@@ -289,7 +232,7 @@ impl Bed {
     /// Brings up a bed of `hosts` hosts with links of `rate`, or says why it cannot (and
     /// fails under `GSHARD_REQUIRE_MPI=1`).
     fn up(test: &str, hosts: usize, rate: &str) -> Option<Bed> {
-        if !mpi_here(test) {
+        if !mpi_ready(test) {
             return None;
         }
         let name = format!("gsb{}{}", std::process::id(), test.len());
@@ -324,11 +267,12 @@ impl Bed {
 
     /// Bytes sent by each host on its link.
     fn sent(&self) -> Vec<u64> {
-        let out = success(
-            Command::new(testbed())
+        let out = ok(
+            &Command::new(testbed())
                 .args(["bytes", "--name", &self.name])
                 .output()
                 .unwrap(),
+            "testbed bytes",
         );
         out.lines()
             .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
@@ -356,7 +300,14 @@ fn testbed_traffic_crosses_the_limited_links() {
         if compress {
             args.extend(["--compress".into(), "all-to-all".into()]);
         }
-        let out = success(run_for(bed.mpirun(2, &args), Duration::from_secs(120)));
+        let out = ok(
+            &run(
+                bed.mpirun(2, &args),
+                Duration::from_secs(120),
+                "bench collectives on the bed",
+            ),
+            "bench collectives on the bed",
+        );
         let after = bed.sent();
         let r = &rows(&out)[0];
         // 4 ranks, 2 per host: each rank sends half its operand to the other host (as
@@ -399,12 +350,13 @@ fn testbed_hosts_come_from_machine_names() {
     let (p, i) = moe(&dir.0);
     let want = dir.0.join("one.safetensors");
     let got = dir.0.join("bed.safetensors");
-    success(
-        Command::new(bin())
+    ok(
+        &Command::new(bin())
             .args(["run", &p, "--inputs", &i, "--devices", "4", "--out"])
             .arg(&want)
             .output()
             .unwrap(),
+        "gshard run --devices 4",
     );
     let args: Vec<String> = ["run", &p, "--inputs", &i, "--backend", "mpi"]
         .iter()
@@ -416,12 +368,23 @@ fn testbed_hosts_come_from_machine_names() {
             got.to_str().unwrap().into(),
         ])
         .collect();
-    success(run_for(bed.mpirun(2, &args), Duration::from_secs(300)));
+    ok(
+        &run(
+            bed.mpirun(2, &args),
+            Duration::from_secs(300),
+            "mpirun gshard run on the bed",
+        ),
+        "mpirun gshard run on the bed",
+    );
     assert!(tensors(&want) == tensors(&got), "outputs differ on the bed");
     // Without --hosts the bench finds the 2 hosts by name: 2 messages per call.
-    let out = success(run_for(
-        bed.mpirun(2, &bench_args(65536, "two-level", 2)),
-        Duration::from_secs(60),
-    ));
+    let out = ok(
+        &run(
+            bed.mpirun(2, &bench_args(65536, "two-level", 2)),
+            Duration::from_secs(60),
+            "bench collectives on the bed",
+        ),
+        "bench collectives on the bed",
+    );
     assert_eq!(rows(&out)[0]["inter_host_messages_per_call"], 2.0);
 }

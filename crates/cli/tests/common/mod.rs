@@ -1,7 +1,9 @@
-//! Helpers for the CLI tests that train: a temporary directory, a tiny corpus on disk, a
-//! tiny run config, and running the binary.
+//! Helpers for the CLI tests: a temporary directory, a tiny corpus on disk, a
+//! tiny run config, running the binary, and launching ranks ([`mpi`]).
 
 #![allow(dead_code)]
+
+pub mod mpi;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
