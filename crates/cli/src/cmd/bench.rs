@@ -329,6 +329,7 @@ pub fn transformer_step(layers: usize, experts: usize) -> Result<Program> {
             aux_loss_coef: 0.01,
             gating: MoeGating::Top2,
             balance: Balance::AuxLoss,
+            overlap_chunks: 1,
         }),
         activation: Activation::Relu,
         dropout: 0.0,
