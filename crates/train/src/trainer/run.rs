@@ -357,7 +357,7 @@ pub fn run(
                 &format!("mesh {}", cfg.mesh.describe()),
             )
             .map_err(|m| TrainError::Config(crate::config::ConfigError::Invalid(m)))?;
-            Arc::new(InProcess::new(cfg.devices()))
+            Arc::new(InProcess::new(cfg.devices()).with_comm_thread(cfg.model.overlap > 1))
         }
     };
     let root = comm.process_index() == 0;
