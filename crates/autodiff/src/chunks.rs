@@ -114,8 +114,7 @@ fn dots(b: &Builder, cs: &[Value]) -> Option<Value> {
         let q = contract.iter().position(|&c| c == d)?;
         Some((q, starts))
     };
-    let (q, starts) =
-        chunked(0, &dd.lhs_contract).or_else(|| chunked(1, &dd.rhs_contract))?;
+    let (q, starts) = chunked(0, &dd.lhs_contract).or_else(|| chunked(1, &dd.rhs_contract))?;
     let (ld, rd) = (dd.lhs_contract[q], dd.rhs_contract[q]);
     let mut order: Vec<usize> = (0..terms.len()).collect();
     order.sort_by_key(|&j| starts[j]);

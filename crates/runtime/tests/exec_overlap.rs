@@ -10,7 +10,10 @@ use runtime::{ExecOptions, Executable, HostTensor, InProcess, MemoryOptions, Pro
 use std::collections::HashMap;
 
 fn program() -> Program {
-    let path = format!("{}/tests/data/moe_relu_all.gsir", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/tests/data/moe_relu_all.gsir",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let mut p = ir::text::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
     p.mesh = Some(Mesh::new(&[("expert", 4)]).unwrap());
     p

@@ -338,10 +338,7 @@ impl<'a> Walk<'a> {
                     self.vals[s.value] = self.vals[*dot].take();
                 }
             }
-            Kind::Collective { .. }
-            | Kind::OracleCollective
-            | Kind::Start { .. }
-            | Kind::Wait => {
+            Kind::Collective { .. } | Kind::OracleCollective | Kind::Start { .. } | Kind::Wait => {
                 unreachable!("collectives run between segments")
             }
         }

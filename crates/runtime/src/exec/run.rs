@@ -3,12 +3,12 @@
 //! segments ([`Executable::run_shared`]): local segments as one task per device on the
 //! rayon pool, collectives between them (`collective`).
 
+use super::collective::Started;
 use super::ids::{IdVec, StepId};
 use super::liveness::Segment;
 use super::plan::Kind;
 use super::schedule::{keep_awake, DeviceTask, RunEnd};
 use super::steps::{At, Epilogue};
-use super::collective::Started;
 use super::{CollectiveStat, ExecError, Executable, Passes, RunResult};
 use crate::alloc::AllocError;
 use crate::comm::{Communicator, Sinks};
@@ -361,10 +361,7 @@ impl Dev<'_> {
             Kind::Kernel => self.kernel(exe, at)?,
             Kind::Oracle => self.oracle(exe, at)?,
             Kind::SumProduct => self.sum_product(exe, at)?,
-            Kind::Collective { .. }
-            | Kind::OracleCollective
-            | Kind::Start { .. }
-            | Kind::Wait => {
+            Kind::Collective { .. } | Kind::OracleCollective | Kind::Start { .. } | Kind::Wait => {
                 unreachable!("collectives run between segments")
             }
         };

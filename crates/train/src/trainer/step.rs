@@ -149,7 +149,11 @@ impl Trainer {
     /// The step's per-device memory planned by the executor's buffer planning: its peak is
     /// the one a step measures ([`Trainer::peak_bytes_per_device`]), with what it holds.
     pub fn planned_memory(&self) -> Result<crate::memory::PlannedMemory, TrainError> {
-        let exe = prepared(&self.step_exe, &self.programs.step.program, self.exec_options())?;
+        let exe = prepared(
+            &self.step_exe,
+            &self.programs.step.program,
+            self.exec_options(),
+        )?;
         let opts = runtime::MemoryOptions {
             shared_memory: self.comm.shared_memory(),
         };
@@ -176,7 +180,11 @@ impl Trainer {
             "seed".into(),
             HostTensor::from_f64_values(Type::scalar(DType::I32), &[seed]),
         );
-        let exe = prepared(&self.step_exe, &self.programs.step.program, self.exec_options())?;
+        let exe = prepared(
+            &self.step_exe,
+            &self.programs.step.program,
+            self.exec_options(),
+        )?;
         // The state moves into the run (shared, not copied) and back out of it; the batch
         // shards join it for the run only.
         let mesh = self.mesh();
