@@ -107,7 +107,7 @@ pub enum Passes {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExecOptions {
     pub passes: Passes,
-    /// Split every large all-to-all into a start and a wait (the `overlap` pass): the
+    /// Split every all-to-all into a start and a wait (the `overlap` pass): the
     /// communicator runs it while the steps up to its first reader compute, where it can
     /// ([`Communicator::start`]). Off by default; all-to-alls then run between segments, or
     /// placed by their senders in process.

@@ -6,7 +6,7 @@
 //! that order is part of what the plan is), then [`rounds`] and [`stream_outputs`], which
 //! reorder steps and mark dots without changing any value. With [`Passes::None`] (the
 //! reference mode) only [`rounds`] runs. Last, with
-//! [`ExecOptions::overlap`](super::ExecOptions::overlap), [`overlap`] splits the large
+//! [`ExecOptions::overlap`](super::ExecOptions::overlap), [`overlap`] splits the
 //! all-to-alls into a start and a wait. In debug builds and tests, [`Plan::verify`] checks
 //! the plan after lowering and after every pass.
 

@@ -1,17 +1,18 @@
-//! Overlap ([`ExecOptions::overlap`](crate::exec::ExecOptions::overlap)): every large
+//! Overlap ([`ExecOptions::overlap`](crate::exec::ExecOptions::overlap)): every
 //! all-to-all step becomes a [`Kind::Start`], which hands its operand to the communicator
 //! and returns, and a [`Kind::Wait`], which produces its value; the steps between run while
 //! it is in flight. Each start moves up to just after the last of: the step producing its
 //! operand, any step reading that operand (so an operand that died at the collective still
-//! dies at its start and moves into it, never copied), and the previous large collective
-//! (a start included). Each wait moves down to just before the first step that reads the
+//! dies at its start and moves into it, never copied), and the previous collective (a
+//! blocking one or a start). Each wait moves down to just before the first step that reads the
 //! value (or to the end). With the MoE layer cut into chunks along capacity
 //! (`nn::moe::MoeLayerOptions::overlap_chunks`), chunk `i + 1`'s all-to-all is then in
 //! flight during chunk `i`'s experts, in the forward pass and in the backward one.
 //!
-//! Large collectives keep program order (starts never pass one another or a blocking large
-//! collective), so every rank starts them in one order, a function of the program; waits
-//! are in the order of first use, the same on every rank too.
+//! Collectives keep the order the earlier passes gave them (a start never passes another
+//! start or a blocking collective; large ones are in program order), so every rank starts
+//! them in one order, a function of the program; waits are in the order of first use, the
+//! same on every rank too.
 //!
 //! Exactness: only when a collective's data moves changes, never what any step computes:
 //! the start moves the operand's values as the blocking step would, the wait's results are
@@ -21,24 +22,24 @@
 //! ([`Executable::memory_plan`](crate::exec::Executable::memory_plan) walks the same).
 
 use crate::exec::ids::IdVec;
-use crate::exec::plan::{Kind, Plan, Step, SMALL_COLLECTIVE};
+use crate::exec::plan::{Kind, Plan, Step};
 use ir::{CollectiveKind, Program, ValueId};
 use std::collections::HashMap;
 
-/// Split the large all-to-alls and move their halves (see the module doc).
+/// Split the all-to-alls and move their halves (see the module doc).
 pub(crate) fn run(p: &Program, plan: &mut Plan) {
-    let numel = |v: ValueId| p.instrs[v.index()].ty.num_elements();
     let a2a = |s: &Step| {
         matches!(s.kind, Kind::Collective { .. })
             && matches!(
                 p.instrs[s.value.index()].op.collective_kind(),
                 Some(CollectiveKind::AllToAll { .. })
             )
-            && numel(s.reads[0]) >= SMALL_COLLECTIVE
     };
-    let large = |s: &Step| {
-        matches!(s.kind, Kind::Collective { .. } | Kind::Start { .. })
-            && numel(s.reads[0]) >= SMALL_COLLECTIVE
+    let issues = |s: &Step| {
+        matches!(
+            s.kind,
+            Kind::Collective { .. } | Kind::OracleCollective | Kind::Start { .. }
+        )
     };
     let steps = std::mem::take(&mut plan.steps).into_vec();
     let mut out: Vec<Step> = Vec::with_capacity(steps.len() + steps.len() / 8);
@@ -63,12 +64,12 @@ pub(crate) fn run(p: &Program, plan: &mut Plan) {
             kind: Kind::Start { out_perm },
             ..s
         };
-        // Up past every step that neither makes nor reads the operand nor is a large
+        // Up past every step that neither makes nor reads the operand nor issues a
         // collective.
         let mut at = out.len();
         while at > 0 {
             let t = &out[at - 1];
-            if large(t) || t.outputs().any(|v| v == operand) || t.reads.contains(&operand) {
+            if issues(t) || t.outputs().any(|v| v == operand) || t.reads.contains(&operand) {
                 break;
             }
             at -= 1;
