@@ -48,7 +48,8 @@ pub(super) fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
 /// sign of such a zero: which path a dot takes, and so how big a chunk of it is, never
 /// changes its values. `add(buf, kk, v, fresh)` adds `v` times the dense operand's line
 /// `kk` to `buf` (onto zero with `fresh`); `store(q, line)` writes line `q` of the result.
-/// Terms come line by line (each line's in increasing `kk`).
+/// Each line's terms come in increasing `kk`; lines interleaved (a scan that walked the
+/// steps outermost) are grouped first, each line's order kept.
 #[inline(always)]
 fn chains<T: GemmFloat>(
     len: usize,
@@ -57,6 +58,15 @@ fn chains<T: GemmFloat>(
     mut add: impl FnMut(&mut [T], usize, T, bool),
     mut store: impl FnMut(usize, &[T]),
 ) {
+    let grouped;
+    let terms = if terms.windows(2).all(|w| w[0].0 <= w[1].0) {
+        terms
+    } else {
+        let mut g = terms.to_vec();
+        g.sort_by_key(|t| t.0);
+        grouped = g;
+        &grouped[..]
+    };
     let (mut line, mut part) = (vec![T::ZERO; len], Vec::new());
     let block = |kk: u32| if split { kk as usize / KC } else { 0 };
     let mut i = 0;
