@@ -191,7 +191,13 @@ impl Executable {
     /// kernels read (their size follows the operands' dims, the work of planning does not
     /// then grow with the shapes). [`Executable::run`] refuses it.
     pub fn for_planning(p: &Program) -> Result<Executable, ExecError> {
-        Executable::prepare(p, ExecOptions::native(), Tables::ShapesOnly)
+        Executable::for_planning_with(p, ExecOptions::native())
+    }
+
+    /// [`Executable::for_planning`] with `options` (the run's: with
+    /// [`ExecOptions::overlap`], collectives in flight hold their operands).
+    pub fn for_planning_with(p: &Program, options: ExecOptions) -> Result<Executable, ExecError> {
+        Executable::prepare(p, options, Tables::ShapesOnly)
     }
 
     fn prepare(p: &Program, options: ExecOptions, tables: Tables) -> Result<Executable, ExecError> {
