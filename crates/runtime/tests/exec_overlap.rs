@@ -111,4 +111,5 @@ fn started_all_to_alls_give_the_blocking_bits_and_the_planned_peak() {
         .unwrap();
     let trace = prof.chrome_trace();
     assert!(trace.contains("in flight from step"), "{trace}");
+    assert!(trace.contains("\"ph\":\"b\"") && trace.contains("\"ph\":\"e\""));
 }

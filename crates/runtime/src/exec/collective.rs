@@ -10,7 +10,7 @@ use super::{CollectiveStat, ExecError, Executable};
 use crate::comm::{place_all_to_all, wire_bytes, CommError, Communicator, Pending, Sinks};
 use crate::error::RuntimeError;
 use crate::kernels::bytes;
-use crate::profile::{Profiler, TraceEvent};
+use crate::profile::{Profiler, TraceEvent, IN_FLIGHT};
 use crate::tensor::{Data, HostTensor};
 use ir::{Instr, Mesh};
 use rayon::prelude::*;
@@ -242,7 +242,7 @@ impl Executable {
                 d.events.push(TraceEvent {
                     device: d.pos,
                     name: s.label.clone(),
-                    cat: "collective",
+                    cat: if first == si { "collective" } else { IN_FLIGHT },
                     ts_us: t0,
                     dur_us: t1 - t0,
                     flops: 0.0,
