@@ -727,7 +727,7 @@ impl TrainConfig {
         let gating = self.gating()?;
         let balance = self.balance()?;
         let capacity = self.moe_capacity()?;
-        let moe = (m.moe_every > 0 && m.experts > 0).then(|| MoeConfig {
+        let moe = (m.moe_every > 0 && m.experts > 0).then_some(MoeConfig {
             experts: m.experts,
             expert_dim: if m.expert_dim == 0 {
                 m.ffn_dim
