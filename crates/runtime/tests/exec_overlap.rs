@@ -3,7 +3,8 @@
 //! and a wait. The plan holds four starts, each before its wait, with steps between; the
 //! outputs are those of the blocking plan bit for bit, whether the communicator completes a
 //! collective at its start or runs it on a communication thread; the planned peak is the
-//! measured one; the trace shows each all-to-all in flight across the steps between.
+//! measured one; a pool of one thread finishes too; the trace shows each all-to-all in
+//! flight across the steps between.
 
 use ir::{Mesh, Program};
 use runtime::{ExecOptions, Executable, HostTensor, InProcess, MemoryOptions, Profiler};
@@ -105,6 +106,15 @@ fn started_all_to_alls_give_the_blocking_bits_and_the_planned_peak() {
             assert_eq!(a2a.map(|c| c.count), Some(4));
         }
     }
+    // On a pool of one thread the waits run the communication thread's copies themselves.
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let got = one
+        .install(|| exe.run(&InProcess::new(4).with_comm_thread(true), &ins, None))
+        .unwrap();
+    assert!(got.outputs == want.outputs, "one thread");
     // The trace: each all-to-all's event spans its flight, from its start to its wait.
     let prof = Profiler::new();
     exe.run(&InProcess::new(4).with_comm_thread(true), &ins, Some(&prof))

@@ -6,7 +6,7 @@
 
 use super::CommError;
 use crate::tensor::HostTensor;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 
 /// What a collective returns: one result per local device.
 pub type Results = Result<Vec<HostTensor>, CommError>;
@@ -54,17 +54,31 @@ impl Pending {
         (p, Reply(tx))
     }
 
-    /// Block until the results exist (an error if the running side vanished).
+    /// Wait until the results exist (an error if the running side vanished), running the
+    /// rayon pool's jobs meanwhile when called on one of its threads.
     pub fn finish(self) -> Results {
         match self.state {
             State::Done(r) => r,
-            State::Running(rx) => rx.recv().unwrap_or_else(|_| {
-                Err(CommError::Failed {
-                    index: self.index,
-                    op: self.op,
-                    msg: "the thread running it ended without results".into(),
-                })
-            }),
+            State::Running(rx) => loop {
+                match rx.try_recv() {
+                    Ok(r) => return r,
+                    Err(TryRecvError::Disconnected) => {
+                        return Err(CommError::Failed {
+                            index: self.index,
+                            op: self.op,
+                            msg: "the thread running it ended without results".into(),
+                        })
+                    }
+                    // A pool thread waiting here runs the pool's jobs meanwhile (the
+                    // communication thread may have handed its copies to the pool), so
+                    // the wait ends even on a pool of one thread.
+                    Err(TryRecvError::Empty) => {
+                        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+            },
         }
     }
 }
