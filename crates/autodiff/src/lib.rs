@@ -12,10 +12,17 @@
 //! Each carries the scope of the forward instruction it differentiates, marked `grad`; the
 //! copy that puts an annotation back on a cotangent has the scope of that cotangent.
 //!
+//! Contributions to one value that are the per-chunk pieces of one computation (a tensor
+//! cut into chunks that each go through the same code) are put back together as that
+//! computation instead of summed (`chunks`): pads of disjoint ranges become a
+//! concatenation, dots over the chunks of a contracted dim one dot of concatenations, so a
+//! chunked program's gradients are the unchunked one's bit for bit.
+//!
 //! [`remat::remat`] then trades FLOPs for memory: it recomputes in the backward pass the
 //! forward values that a [`remat::Policy`] (per layer, all but dot products, or checkpoint
 //! scopes) does not keep alive.
 
+mod chunks;
 pub mod remat;
 pub mod rules;
 
@@ -49,7 +56,8 @@ pub fn grad_output_name(param: &str) -> String {
 /// backward pass (the cotangent of a value that carries a sharding annotation carries the
 /// same annotation), plus one output `grad_<param>` per entry of `wrt`, of the parameter's type
 /// (zeros when the loss does not depend on it). The seed cotangent is 1.0; contributions to
-/// one value are added in a fixed order (reverse program order of their users).
+/// one value are added in a fixed order (reverse program order of their users), except
+/// the chunks of one computation, which are put back together (see the module doc).
 pub fn grad(p: &Program, loss: &str, wrt: &[&str]) -> Result<Program, GradError> {
     let loss_id = p.output(loss).ok_or_else(|| GradError::UnknownLoss {
         name: loss.to_string(),
@@ -97,10 +105,9 @@ pub fn grad(p: &Program, loss: &str, wrt: &[&str]) -> Result<Program, GradError>
             continue;
         }
         b.set_scope(grad_scope(ValueId(i as u32)));
-        let mut g = contributions
-            .into_iter()
-            .reduce(|acc, c| acc.add(&c))
-            .expect("non-empty");
+        // Contributions that are the chunks of one computation become that computation
+        // (`chunks`); others are added.
+        let mut g = chunks::sum(&b, contributions);
         let instr = &p.instrs[i];
         // A value's user annotation applies to its cotangent too (as JAX transposes a
         // sharding constraint into the same constraint): the gradient then flows back in

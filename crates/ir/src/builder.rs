@@ -102,6 +102,14 @@ impl Builder {
         self.st.borrow().prog.instrs[id.index()].ty.clone()
     }
 
+    /// The op and operands of the instruction that produced `id` (what rewrites that
+    /// look at the code they emitted match on).
+    pub fn op_of(&self, id: ValueId) -> (crate::Op, Vec<ValueId>) {
+        let st = self.st.borrow();
+        let ins = &st.prog.instrs[id.index()];
+        (ins.op.clone(), ins.operands.clone())
+    }
+
     /// A snapshot of the program so far.
     pub fn program(&self) -> Program {
         self.st.borrow().prog.clone()

@@ -106,6 +106,8 @@ impl CacheName {
 pub fn dropless(cfg: &TransformerConfig) -> TransformerConfig {
     let moe = cfg.moe.as_ref().map(|mc| MoeConfig {
         capacity: mc.capacity.max(mc.group_size),
+        // Decoding routes unchunked: the dropless capacity need not divide by the chunks.
+        overlap_chunks: 1,
         ..mc.clone()
     });
     TransformerConfig { moe, ..cfg.clone() }
@@ -217,6 +219,7 @@ pub fn build_step(
         moe: cfg.moe.as_ref().map(|mc| MoeConfig {
             group_size: per,
             capacity: per,
+            overlap_chunks: 1,
             ..mc.clone()
         }),
         ..cfg.full_precision()
@@ -368,6 +371,7 @@ mod tests {
                 aux_loss_coef: 0.01,
                 gating: MoeGating::Top2,
                 balance: Balance::AuxLoss,
+                overlap_chunks: 1,
             }),
             activation: Activation::Relu,
             dropout: 0.0,

@@ -452,13 +452,54 @@ impl<'a> Route<'a> {
     }
 }
 
+/// Options of [`moe_layer_with`]: where the annotations go, and how many chunks the expert
+/// buffers are cut into so that communication overlaps the experts' compute.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeLayerOptions<'a> {
+    /// The layer's layout ([`MoeSharding`]); `None` leaves the layer unannotated.
+    pub sharding: Option<&'a MoeSharding>,
+    /// `k`: the dispatched tensor `[E,G,C,M]` is cut along the capacity dim C into `k`
+    /// chunks of `C / k` slots; each chunk has its own dispatch all-to-all, expert FFN and
+    /// combine all-to-all, and the chunks are concatenated back along C before the combine
+    /// einsum (whose reduction is then the unchunked one). 1 (the default) is the unchunked
+    /// layer. `C` must divide by `k` ([`MoeLayerError::Chunks`]).
+    pub overlap_chunks: usize,
+}
+
+impl Default for MoeLayerOptions<'_> {
+    fn default() -> Self {
+        MoeLayerOptions {
+            sharding: None,
+            overlap_chunks: 1,
+        }
+    }
+}
+
+/// Why [`moe_layer_with`] refused to build the layer.
+#[derive(Debug, thiserror::Error)]
+pub enum MoeLayerError {
+    #[error(transparent)]
+    Sharding(#[from] ShardingError),
+    #[error("overlap = {k} does not divide the expert capacity {capacity}: use one of its divisors ({})", divisors_text(*capacity))]
+    Chunks { capacity: usize, k: usize },
+}
+
+/// The divisors of `n`, comma-separated (for [`MoeLayerError::Chunks`]).
+pub fn divisors_text(n: usize) -> String {
+    let d: Vec<String> = (1..=n)
+        .filter(|d| n.is_multiple_of(*d))
+        .map(|d| d.to_string())
+        .collect();
+    d.join(", ")
+}
+
 /// The GShard MoE feed-forward layer on `x [G,S,M]` with weights `w`, routed by `route`.
 /// With `sharding`, `x` is split on G, `wg` (and a noisy gate's `w_noise`) replicated, the
 /// expert buffers and weights split on E, and the expert outputs split back on G before
 /// the combine (the two all-to-alls). Mixed precision: an `x` narrower than the weights
 /// (bf16 activations, f32 master weights) is routed and combined in the weights' dtype
 /// and dispatched and run through the experts in its own, so the all-to-alls move it at
-/// its width.
+/// its width. [`moe_layer_with`] with one chunk.
 pub fn moe_layer(
     x: &Value,
     w: MoeWeights,
@@ -466,6 +507,33 @@ pub fn moe_layer(
     act: Activation,
     sharding: Option<&MoeSharding>,
 ) -> Result<MoeOut, ShardingError> {
+    let opts = MoeLayerOptions {
+        sharding,
+        overlap_chunks: 1,
+    };
+    moe_layer_with(x, w, route, act, opts).map_err(|e| match e {
+        MoeLayerError::Sharding(e) => e,
+        MoeLayerError::Chunks { .. } => unreachable!("one chunk divides every capacity"),
+    })
+}
+
+/// [`moe_layer`] with its options: with `overlap_chunks = k > 1` the expert buffers go
+/// through the all-to-alls and the experts in `k` chunks along capacity (see
+/// [`MoeLayerOptions::overlap_chunks`]). The program then holds every chunk's dispatch
+/// all-to-all first, then each chunk's experts and combine all-to-all in turn, so an
+/// executor that starts collectives early and waits late runs chunk `i + 1`'s all-to-all
+/// during chunk `i`'s experts. Every chunk computes what the unchunked layer computes on
+/// its slots (the dots' rows do not depend on how many there are), and autodiff gives the
+/// backward pass its chunks.
+pub fn moe_layer_with(
+    x: &Value,
+    w: MoeWeights,
+    route: Route,
+    act: Activation,
+    opts: MoeLayerOptions,
+) -> Result<MoeOut, MoeLayerError> {
+    let sharding = opts.sharding;
+    let k = opts.overlap_chunks.max(1);
     let MoeWeights { wg, wi, wo } = w;
     let Route {
         gate,
@@ -590,7 +658,19 @@ pub fn moe_layer(
     // and keep f32's precision.
     let dt = x.dtype();
     let rt = gating.combine().dtype();
-    let mut xin = b.einsum("GSEC,GSM->EGCM", &[&gating.dispatch().convert(dt), &x]);
+    let combine = |yout: &Value| {
+        if dt == rt {
+            b.einsum("GSEC,EGCM->GSM", &[gating.combine(), yout])
+        } else {
+            b.einsum("GSEC,EGCM->GSM", &[gating.combine(), &yout.convert(rt)])
+                .convert(dt)
+        }
+    };
+    let xin = b.einsum("GSEC,GSM->EGCM", &[&gating.dispatch().convert(dt), &x]);
+    let c = xin.shape()[2];
+    if !c.is_multiple_of(k) {
+        return Err(MoeLayerError::Chunks { capacity: c, k });
+    }
     // The expert buffers: E split over the expert axes, G over the remaining group axes.
     let buffers = sharding.map(|s| {
         let rest: Vec<&str> = s
@@ -605,34 +685,72 @@ pub fn moe_layer(
             MoeSharding::strs(&s.group_axes),
         )
     });
-    if let Some((e, rest, _)) = &buffers {
-        xin = mesh_split(&xin, &[e, rest, &[], &[]])?;
-    }
-    drop(scope);
-    let scope = b.scope("experts");
-    let hidden = act.apply(&b.einsum("EGCM,EMH->EGCH", &[&xin, &wi.convert(dt)]));
-    let mut yout = b.einsum("EGCH,EHM->EGCM", &[&hidden, &wo.convert(dt)]);
-    if let Some((e, rest, _)) = &buffers {
-        yout = mesh_split(&yout, &[e, rest, &[], &[]])?;
-    }
-    let expert_outputs = yout.clone();
-    drop(scope);
-    let _scope = b.scope("combine");
-    if let Some((_, _, g)) = &buffers {
-        yout = mesh_split(&yout, &[&[], g, &[], &[]])?;
-    }
-    let y = if dt == rt {
-        b.einsum("GSEC,EGCM->GSM", &[gating.combine(), &yout])
-    } else {
-        b.einsum("GSEC,EGCM->GSM", &[gating.combine(), &yout.convert(rt)])
-            .convert(dt)
+    let to_experts = |v: &Value| -> Result<Value, ShardingError> {
+        match &buffers {
+            Some((e, rest, _)) => mesh_split(v, &[e, rest, &[], &[]]),
+            None => Ok(v.clone()),
+        }
     };
+    let to_groups = |v: &Value| -> Result<Value, ShardingError> {
+        match &buffers {
+            Some((_, _, g)) => mesh_split(v, &[&[], g, &[], &[]]),
+            None => Ok(v.clone()),
+        }
+    };
+    if k == 1 {
+        let xin = to_experts(&xin)?;
+        drop(scope);
+        let scope = b.scope("experts");
+        let hidden = act.apply(&b.einsum("EGCM,EMH->EGCH", &[&xin, &wi.convert(dt)]));
+        let yout = to_experts(&b.einsum("EGCH,EHM->EGCM", &[&hidden, &wo.convert(dt)]))?;
+        let expert_outputs = yout.clone();
+        drop(scope);
+        let _scope = b.scope("combine");
+        let yout = to_groups(&yout)?;
+        let y = combine(&yout);
+        return Ok(MoeOut {
+            y,
+            logits,
+            gating,
+            expert_inputs: xin,
+            hidden,
+            expert_outputs,
+        });
+    }
+    // Chunks along capacity: the whole buffer stays where the dispatch einsum makes it (G
+    // split), each chunk a slice of it there, then moved to its experts (one all-to-all
+    // each), every chunk's before any chunk's experts.
+    let xin = to_groups(&xin)?;
+    let cc = c / k;
+    let mut chunks = Vec::with_capacity(k);
+    for j in 0..k {
+        let xj = to_groups(&xin.slice_dim(2, j * cc, (j + 1) * cc))?;
+        chunks.push(to_experts(&xj)?);
+    }
+    drop(scope);
+    let (wi, wo) = (wi.convert(dt), wo.convert(dt));
+    let (mut hiddens, mut outs, mut back) = (Vec::new(), Vec::new(), Vec::new());
+    for xj in &chunks {
+        let scope = b.scope("experts");
+        let h = act.apply(&b.einsum("EGCM,EMH->EGCH", &[xj, &wi]));
+        let yj = to_experts(&b.einsum("EGCH,EHM->EGCM", &[&h, &wo]))?;
+        drop(scope);
+        let _scope = b.scope("combine");
+        back.push(to_groups(&yj)?);
+        hiddens.push(h);
+        outs.push(yj);
+    }
+    let _scope = b.scope("combine");
+    let cat = |v: &[Value]| b.concat(&v.iter().collect::<Vec<_>>(), 2);
+    let yout = to_groups(&cat(&back))?;
+    let y = combine(&yout);
+    // The diagnostics whole again (dead code unless a caller reads them).
     Ok(MoeOut {
         y,
         logits,
         gating,
-        expert_inputs: xin,
-        hidden,
-        expert_outputs,
+        expert_inputs: cat(&chunks),
+        hidden: cat(&hiddens),
+        expert_outputs: cat(&outs),
     })
 }

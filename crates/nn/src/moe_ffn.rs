@@ -6,8 +6,8 @@
 
 use crate::hierarchical::Hierarchical;
 use crate::moe::{
-    moe_layer, Gate, HierarchicalNoiseWeights, MoeSharding, MoeWeights, Route, Routing,
-    SecondPolicy, Top2,
+    moe_layer_with, Gate, HierarchicalNoiseWeights, MoeLayerError, MoeLayerOptions, MoeSharding,
+    MoeWeights, Route, Routing, SecondPolicy, Top2,
 };
 use crate::params::{Init, Params};
 use crate::transformer::{Ctx, MoeConfig, MoeStats};
@@ -177,7 +177,11 @@ pub(crate) fn moe_ffn(cx: &mut Ctx, p: &mut Params, x: &Value) -> Result<Value, 
         expert_axes: cx.layout.expert_axes.clone(),
         model_axes: cx.layout.model_axes.clone(),
     });
-    let out = moe_layer(
+    let opts = MoeLayerOptions {
+        sharding: layout.as_ref(),
+        overlap_chunks: mc.overlap_chunks,
+    };
+    let out = match moe_layer_with(
         &xg,
         MoeWeights {
             wg: &wg,
@@ -186,8 +190,13 @@ pub(crate) fn moe_ffn(cx: &mut Ctx, p: &mut Params, x: &Value) -> Result<Value, 
         },
         Route::new(&gate).noise(noise.as_ref()).bias(bias.as_ref()),
         cfg.activation,
-        layout.as_ref(),
-    )?;
+        opts,
+    ) {
+        Ok(out) => out,
+        Err(MoeLayerError::Sharding(e)) => return Err(e),
+        // A config error the config's checks refuse first (`train::config`).
+        Err(e @ MoeLayerError::Chunks { .. }) => panic!("MoeConfig::overlap_chunks: {e}"),
+    };
     // Per expert: the share of first choices (the stats) and of all assignments (the bias
     // update), both before capacity.
     let share = |idx: &Value| idx.one_hot(e, dt).mean(&[0, 1]);

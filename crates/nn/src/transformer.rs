@@ -39,6 +39,10 @@ pub struct MoeConfig {
     pub gating: MoeGating,
     /// How the expert load is kept balanced.
     pub balance: Balance,
+    /// Chunks of the expert buffers along capacity, so that each chunk's all-to-alls
+    /// overlap another chunk's experts ([`crate::moe::MoeLayerOptions::overlap_chunks`]);
+    /// 1 = unchunked. Must divide `capacity` (`train::config` checks it).
+    pub overlap_chunks: usize,
 }
 
 /// Model hyper-parameters.

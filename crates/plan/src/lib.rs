@@ -170,6 +170,7 @@ fn largest_at_peak(p: &ir::Program, plan: &runtime::MemoryPlan) -> Vec<PeakBuffe
                 runtime::Held::Value => "",
                 runtime::Held::CollectiveOperand => " (collective operand)",
                 runtime::Held::Placed => " (all-to-all result, placed)",
+                runtime::Held::InFlight => " (collective operand, in flight)",
             };
             PeakBuffer {
                 value: format!("%{}{what}", b.value.index()),
@@ -201,7 +202,9 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
     let part = spmd::compile(&step.program)?;
     drop(step);
     let p = &part.program;
-    let exe = runtime::Executable::for_planning(p)?;
+    // Prepared as the run prepares it (the trainer's executor options).
+    let exec = runtime::ExecOptions::native().with_overlap(cfg.model.overlap > 1);
+    let exe = runtime::Executable::for_planning_with(p, exec)?;
     let planned = train::memory::plan_of(&exe, opts.memory);
     let mut cost = StepCost::of(p);
     let untimed = p

@@ -1,7 +1,8 @@
 //! The planned per-device peak (the executor's buffer planning walked on shapes alone,
 //! `train::memory::plan_memory`) against the peak the executor measures when it runs: the
 //! GShard MoE layer with its gradients on 1, 2, 4 and 8 devices, and the training step of
-//! the default run and of the model-axis and weight-update-sharding meshes.
+//! the default run (also with its MoE layers in 2 and 4 overlapped chunks) and of the
+//! model-axis and weight-update-sharding meshes.
 
 use ir::{DType, Mesh, Program};
 use runtime::{Executable, HostTensor, InProcess, MemoryOptions};
@@ -107,7 +108,9 @@ fn planned_is_measured(cfg: &TrainConfig, what: &str) {
     let programs = build_programs(cfg, vocab).unwrap();
     let state: Vec<String> = programs.all_state().map(|s| s.name.clone()).collect();
     let step = programs.step.program.clone();
-    let exe = Executable::new(&step).unwrap_or_else(|e| panic!("{what}: {e}"));
+    // Prepared as the trainer prepares it (with `model.overlap`, all-to-alls in flight).
+    let exec = runtime::ExecOptions::native().with_overlap(cfg.model.overlap > 1);
+    let exe = Executable::with_options(&step, exec).unwrap_or_else(|e| panic!("{what}: {e}"));
     let planned = train::memory::plan_of(&exe, MemoryOptions::in_process());
     // Global inputs of the step program (its partitioned params are local).
     let mut spec_program = step_program(cfg, vocab).unwrap().program;
@@ -129,7 +132,8 @@ fn planned_is_measured(cfg: &TrainConfig, what: &str) {
         "{what}"
     );
     // Prepared for planning only (no offset tables), the same plan.
-    let shapes = train::memory::plan_memory(&step, MemoryOptions::in_process()).unwrap();
+    let shapes = Executable::for_planning_with(&step, exec).unwrap();
+    let shapes = train::memory::plan_of(&shapes, MemoryOptions::in_process());
     assert_eq!(shapes.plan, planned.plan, "{what}");
     assert_eq!(
         planned.plan.peak_bytes,
@@ -143,6 +147,17 @@ fn planned_is_measured(cfg: &TrainConfig, what: &str) {
 #[test]
 fn default_run_step_planned_peak_is_the_measured_peak() {
     planned_is_measured(&TrainConfig::default(), "the default run");
+}
+
+#[test]
+fn overlapped_run_step_planned_peak_is_the_measured_peak() {
+    // The MoE layers cut into 2 and 4 chunks: their all-to-alls started early and waited
+    // for late, each operand live from start to wait.
+    for k in [2, 4] {
+        let mut cfg = TrainConfig::default();
+        cfg.model.overlap = k;
+        planned_is_measured(&cfg, &format!("the default run with overlap {k}"));
+    }
 }
 
 #[test]

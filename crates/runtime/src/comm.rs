@@ -25,7 +25,11 @@ use crate::tensor::{f64_to_bf16, Data, HostTensor};
 use crate::with_data2;
 use ir::{Collective, CollectiveKind, Mesh, Op, ReduceOp, Type};
 use rayon::prelude::*;
+use std::sync::{Arc, Mutex};
 use thiserror::Error;
+
+mod pending;
+pub use pending::{Pending, Reply, Results};
 
 /// A failed collective: which one, and why.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -74,6 +78,32 @@ pub trait Communicator: Send + Sync {
             self.collective(index, op, mesh, local)?,
             perm,
         ))
+    }
+
+    /// Start collective `op` (as [`Communicator::collective`], its results transposed by
+    /// `perm` when given, as [`Communicator::collective_transposed`]) and return without
+    /// waiting for it where the backend can: the executor runs independent compute until
+    /// [`Communicator::wait`]. Every process starts its collectives in one order (the
+    /// plan's, a function of the program), and waits for them in one order too. The
+    /// default completes the collective here, so every backend works unchanged.
+    fn start(
+        &self,
+        index: usize,
+        op: &Op,
+        mesh: &Mesh,
+        local: Vec<HostTensor>,
+        perm: Option<&[usize]>,
+    ) -> Pending {
+        let r = match perm {
+            Some(perm) => self.collective_transposed(index, op, mesh, local, perm),
+            None => self.collective(index, op, mesh, local),
+        };
+        Pending::done(index, op.name(), r)
+    }
+
+    /// The results of a collective [`Communicator::start`] returned.
+    fn wait(&self, pending: Pending) -> Results {
+        pending.finish()
     }
 
     /// Whether every mesh position's buffers live in this process, so that an all-to-all's
@@ -201,9 +231,14 @@ pub fn gather_positions<'a>(
 /// reduce-scatter, all-to-all): the MoE layer's four all-to-alls have one size, and fresh
 /// buffers cost a page fault per 4 KiB (~90 MiB of them per step on 8 devices). An
 /// all-reduce writes each member's result over that member's own operand.
+///
+/// With [`InProcess::with_comm_thread`], [`Communicator::start`] runs each collective on a
+/// thread of its own (the copies of an all-to-all then overlap the devices' compute until
+/// [`Communicator::wait`]); otherwise it completes the collective at once.
 pub struct InProcess {
     n: usize,
-    spare: std::sync::Mutex<Vec<Data>>,
+    spare: Arc<Mutex<Vec<Data>>>,
+    comm_thread: bool,
 }
 
 impl InProcess {
@@ -211,6 +246,15 @@ impl InProcess {
         InProcess {
             n: num_devices,
             spare: Default::default(),
+            comm_thread: false,
+        }
+    }
+
+    /// With `on`, started collectives run on a communication thread (see the type's doc).
+    pub fn with_comm_thread(self, on: bool) -> InProcess {
+        InProcess {
+            comm_thread: on,
+            ..self
         }
     }
 
@@ -678,6 +722,39 @@ unsafe fn copy_blocks<T: Copy>(
 impl Communicator for InProcess {
     fn local_positions(&self) -> Vec<usize> {
         (0..self.n).collect()
+    }
+
+    fn start(
+        &self,
+        index: usize,
+        op: &Op,
+        mesh: &Mesh,
+        local: Vec<HostTensor>,
+        perm: Option<&[usize]>,
+    ) -> Pending {
+        if !self.comm_thread {
+            let r = match perm {
+                Some(perm) => self.collective_transposed(index, op, mesh, local, perm),
+                None => self.collective(index, op, mesh, local),
+            };
+            return Pending::done(index, op.name(), r);
+        }
+        let (pending, reply) = Pending::running(index, op.name());
+        // The thread shares the spare buffers; it owns everything else it touches.
+        let me = InProcess {
+            n: self.n,
+            spare: self.spare.clone(),
+            comm_thread: false,
+        };
+        let (op, mesh, perm) = (op.clone(), mesh.clone(), perm.map(<[usize]>::to_vec));
+        std::thread::spawn(move || {
+            let r = match &perm {
+                Some(perm) => me.collective_transposed(index, &op, &mesh, local, perm),
+                None => me.collective(index, &op, &mesh, local),
+            };
+            reply.send(r);
+        });
+        pending
     }
 
     fn shared_memory(&self) -> bool {

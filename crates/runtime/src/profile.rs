@@ -99,11 +99,16 @@ impl Profiler {
         v
     }
 
-    /// Totals per event name (without the `%index`), e.g. all `dot_general`s together.
+    /// Totals per event name (without the `%index`), e.g. all `dot_general`s together;
+    /// collectives in flight under their own name (`all_to_all (in flight)`).
     pub fn totals(&self) -> BTreeMap<String, OpTotal> {
         let mut m: BTreeMap<String, OpTotal> = BTreeMap::new();
         for e in self.events() {
-            let key = e.name.split(" %").next().unwrap_or(&e.name).to_string();
+            let mut key = e.name.split(" %").next().unwrap_or(&e.name).to_string();
+            if e.cat == IN_FLIGHT {
+                // Time in flight overlaps other events: never summed with blocking time.
+                key.push_str(" (in flight)");
+            }
             let t = m.entry(key).or_insert(OpTotal {
                 cat: e.cat,
                 count: 0,
@@ -118,7 +123,9 @@ impl Profiler {
     }
 
     /// The Chrome trace JSON object: `traceEvents` with a `thread_name` metadata event per
-    /// device and one `X` event per recorded event.
+    /// device and one `X` event per recorded event, except the collectives in flight
+    /// ([`IN_FLIGHT`]: from their start to their wait, overlapping the device's compute and
+    /// one another), which are async slices (`b`/`e` pairs) on their device's track.
     pub fn chrome_trace(&self) -> String {
         let evs = self.events();
         let mut devices: Vec<usize> = evs.iter().map(|e| e.device).collect();
@@ -144,8 +151,25 @@ impl Profiler {
                 "{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":0,\"tid\":{d},\"args\":{{\"sort_index\":{d}}}}}"
             );
         }
-        for e in &evs {
+        for (id, e) in evs.iter().enumerate() {
             sep(&mut out);
+            if e.cat == IN_FLIGHT {
+                for (ph, ts) in [("b", e.ts_us), ("e", e.ts_us + e.dur_us)] {
+                    let _ = write!(
+                        out,
+                        "{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"{ph}\",\"id\":{id},\"pid\":0,\"tid\":{},\"ts\":{ts:.3},\"args\":{{\"bytes\":{},\"detail\":\"{}\"}}}}",
+                        escape(&e.name),
+                        e.cat,
+                        e.device,
+                        e.bytes,
+                        escape(&e.detail)
+                    );
+                    if ph == "b" {
+                        out.push_str(",\n");
+                    }
+                }
+                continue;
+            }
             let _ = write!(
                 out,
                 "{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":0,\"tid\":{},\"ts\":{:.3},\"dur\":{:.3},\"args\":{{\"flops\":{},\"bytes\":{},\"detail\":\"{}\"}}}}",
@@ -163,6 +187,10 @@ impl Profiler {
         out
     }
 }
+
+/// The category of a collective's event from its start to its wait (the executor's
+/// `overlap`): drawn as an async slice, since it spans other events of its device.
+pub const IN_FLIGHT: &str = "in_flight";
 
 /// One Chrome trace from several written by [`Profiler::chrome_trace`] (e.g. one per MPI
 /// rank, each holding its own devices' tracks); `None` if one is not in that form.

@@ -204,6 +204,12 @@ pub struct ModelConfig {
     /// its backward pass), "dots" (keep dot-product outputs, recompute the rest) or
     /// "scopes:PATH,PATH" (checkpoint regions: these scopes recomputed like layers).
     pub remat: String,
+    /// Chunks of each MoE layer's expert buffers along capacity (`overlap = k`): every
+    /// chunk gets its own all-to-alls, so an executor that overlaps collectives with compute
+    /// runs one chunk's all-to-all during another's experts
+    /// ([`nn::moe::MoeLayerOptions::overlap_chunks`]). 1 = unchunked; must divide the
+    /// expert capacity. The results are those of 1, bit for bit.
+    pub overlap: usize,
     /// "f32", or "bf16" for mixed precision: f32 master weights, gradients and optimizer
     /// state; activations and matmul operands in bf16 (dots accumulate in f32); norms'
     /// statistics, softmaxes, routing and the loss in f32
@@ -335,6 +341,7 @@ impl Default for ModelConfig {
             dropout: 0.0,
             label_smoothing: 0.1,
             remat: "none".into(),
+            overlap: 1,
             precision: Precision::F32,
         }
     }
@@ -557,6 +564,7 @@ impl TrainConfig {
         }
         self.policy()?;
         self.remat()?;
+        self.moe_capacity()?;
         self.activation()?;
         self.gating()?;
         self.balance()?;
@@ -668,6 +676,35 @@ impl TrainConfig {
         }
     }
 
+    /// The MoE layers' expert capacity per group (GShard's `C = ceil(K S cf / E)` for K
+    /// assignments a token), checked against `model.overlap`, which must divide it.
+    pub fn moe_capacity(&self) -> Result<usize, ConfigError> {
+        let m = &self.model;
+        let k = match self.gating()? {
+            MoeGating::Top2 => 2,
+            MoeGating::Hierarchical {
+                k_primary,
+                k_secondary,
+                ..
+            } => k_primary * k_secondary,
+        };
+        let c = nn::capacity::gshard(m.group_size * k, 2 * m.experts.max(1), m.capacity_factor);
+        if m.overlap == 0 || m.overlap > MAX_DIM {
+            return Err(ConfigError::Invalid(format!(
+                "model.overlap = {}: use a number of chunks from 1 (no overlap) to {MAX_DIM}",
+                m.overlap
+            )));
+        }
+        if m.moe_every > 0 && m.experts > 0 && !c.is_multiple_of(m.overlap) {
+            return Err(ConfigError::Invalid(format!(
+                "model.overlap = {} does not divide the expert capacity {c}: use one of its divisors ({})",
+                m.overlap,
+                nn::moe::divisors_text(c)
+            )));
+        }
+        Ok(c)
+    }
+
     /// The training step's rematerialisation policy (`model.remat`).
     pub fn remat(&self) -> Result<autodiff::remat::Policy, ConfigError> {
         autodiff::remat::Policy::parse(&self.model.remat)
@@ -689,16 +726,8 @@ impl TrainConfig {
         let m = &self.model;
         let gating = self.gating()?;
         let balance = self.balance()?;
-        // GShard's C = ceil(2 S cf / E) for 2 assignments a token; ceil(K S cf / E) for K.
-        let k = match gating {
-            MoeGating::Top2 => 2,
-            MoeGating::Hierarchical {
-                k_primary,
-                k_secondary,
-                ..
-            } => k_primary * k_secondary,
-        };
-        let moe = (m.moe_every > 0 && m.experts > 0).then(|| MoeConfig {
+        let capacity = self.moe_capacity()?;
+        let moe = (m.moe_every > 0 && m.experts > 0).then_some(MoeConfig {
             experts: m.experts,
             expert_dim: if m.expert_dim == 0 {
                 m.ffn_dim
@@ -706,7 +735,7 @@ impl TrainConfig {
                 m.expert_dim
             },
             group_size: m.group_size,
-            capacity: nn::capacity::gshard(m.group_size * k, 2 * m.experts, m.capacity_factor),
+            capacity,
             policy: SecondPolicy::All,
             // Bias balancing trains without the auxiliary loss.
             aux_loss_coef: match balance {
@@ -715,6 +744,7 @@ impl TrainConfig {
             },
             gating,
             balance,
+            overlap_chunks: m.overlap,
         });
         let moe = match moe {
             Some(mc) => Some(MoeConfig {

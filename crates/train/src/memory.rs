@@ -287,7 +287,9 @@ pub fn breakdown(p: &Program, plan: &runtime::MemoryPlan) -> Breakdown {
     for buf in &plan.at_peak {
         let role = match buf.held {
             runtime::Held::Value => roles[buf.value.index()],
-            runtime::Held::CollectiveOperand | runtime::Held::Placed => Role::Collective,
+            runtime::Held::CollectiveOperand | runtime::Held::Placed | runtime::Held::InFlight => {
+                Role::Collective
+            }
         };
         let slot = match role {
             Role::Weight => &mut b.weights,

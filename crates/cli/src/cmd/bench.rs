@@ -125,6 +125,10 @@ pub struct MoeBenchArgs {
     /// program names (the routing, the expert buffers: kept alive to the end of the step).
     #[arg(long, value_enum, default_value_t = BenchOutputs::Grads)]
     outputs: BenchOutputs,
+    /// With --overlap K > 1: keep the all-to-alls blocking (the chunks alone, without the
+    /// executor's start/wait and the communication thread).
+    #[arg(long)]
+    blocking: bool,
 }
 
 /// The outputs of the benchmarked MoE program.
@@ -329,6 +333,7 @@ pub fn transformer_step(layers: usize, experts: usize) -> Result<Program> {
             aux_loss_coef: 0.01,
             gating: MoeGating::Top2,
             balance: Balance::AuxLoss,
+            overlap_chunks: 1,
         }),
         activation: Activation::Relu,
         dropout: 0.0,
@@ -552,7 +557,9 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
     for _ in 0..a.prepare_reps.max(1) {
         let t = Instant::now();
         let part = spmd::compile(&q).context("partitioning the MoE layer")?;
-        let exe = runtime::Executable::new(&part.program)?;
+        let overlap = a.layer.overlap > 1 && !a.blocking;
+        let opts = runtime::ExecOptions::native().with_overlap(overlap);
+        let exe = runtime::Executable::with_options(&part.program, opts)?;
         prep.push(t.elapsed().as_secs_f64());
         built = Some((part, exe));
     }
@@ -566,7 +573,7 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
             .into_iter()
             .map(|m| m.into_iter().map(|(k, v)| (k, Arc::new(v))).collect())
             .collect();
-    let comm = runtime::InProcess::new(d);
+    let comm = runtime::InProcess::new(d).with_comm_thread(a.layer.overlap > 1 && !a.blocking);
     // Each step's outputs go back to the executor's buffer pool (an allocator cache).
     for _ in 0..a.warmup {
         exe.recycle(exe.run_shared(&comm, &per_dev, None)?.outputs);

@@ -8,7 +8,10 @@ use crate::files;
 use anyhow::{bail, Context, Result};
 use clap::{Subcommand, ValueEnum};
 use ir::{Builder, DType, Mesh, Type};
-use nn::moe::{moe_layer, Activation, Gate, MoeSharding, MoeWeights, Route, SecondPolicy, Top2};
+use nn::moe::{
+    moe_layer_with, Activation, Gate, MoeLayerOptions, MoeSharding, MoeWeights, Route,
+    SecondPolicy, Top2,
+};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -107,6 +110,10 @@ pub struct MoeLayerArgs {
     /// Renormalise gates after dropping instead of before (legacy_mtf_behavior = false).
     #[arg(long)]
     pub no_legacy: bool,
+    /// Cut the expert buffers into K chunks along capacity, each with its own all-to-alls
+    /// (`nn::moe::MoeLayerOptions::overlap_chunks`); K must divide C.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub overlap: usize,
 }
 
 #[derive(clap::Args)]
@@ -221,7 +228,14 @@ pub fn moe_program(a: &MoeLayerArgs) -> Result<(ir::Program, usize, String)> {
     };
     let route = Route::new(&gate).noise(noise.as_ref());
     let layer_scope = b.scope("moe");
-    let out = moe_layer(&x, weights, route, act, Some(&layout))?;
+    if a.overlap == 0 {
+        bail!("--overlap must be at least 1");
+    }
+    let opts = MoeLayerOptions {
+        sharding: Some(&layout),
+        overlap_chunks: a.overlap,
+    };
+    let out = moe_layer_with(&x, weights, route, act, opts)?;
     drop(layer_scope);
     let _loss_scope = b.scope("loss");
     let gt = out

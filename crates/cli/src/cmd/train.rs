@@ -47,6 +47,11 @@ pub struct Args {
     /// `scopes:PATH,PATH`; less memory for more FLOPs, the same values.
     #[arg(long, value_name = "POLICY")]
     remat: Option<String>,
+    /// Cut each MoE layer's expert buffers into K chunks along capacity, each with its own
+    /// all-to-alls, so communication overlaps the experts (`model.overlap`; the same
+    /// results). K must divide the expert capacity.
+    #[arg(long, value_name = "K")]
+    overlap: Option<usize>,
     /// `bf16`: mixed precision (f32 weights and optimizer state, bf16 activations and
     /// matmul operands); `f32`: everything in f32. Overrides `model.precision`.
     #[arg(long, value_name = "f32|bf16")]
@@ -209,6 +214,9 @@ fn train_main(a: Args, mpi: Mpi) -> Result<()> {
     }
     if let Some(r) = &a.remat {
         cfg.model.remat = r.clone();
+    }
+    if let Some(k) = a.overlap {
+        cfg.model.overlap = k;
     }
     apply_mesh(&mut cfg, a.devices, a.mesh.as_deref())?;
     if let Some(axis) = &a.shard_weights {

@@ -32,6 +32,7 @@ pub fn config(enc_layers: usize) -> TransformerConfig {
             aux_loss_coef: 0.01,
             gating: MoeGating::Top2,
             balance: Balance::AuxLoss,
+            overlap_chunks: 1,
         }),
         activation: Activation::Relu,
         dropout: 0.0,

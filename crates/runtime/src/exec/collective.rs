@@ -7,10 +7,10 @@ use super::ids::StepId;
 use super::plan::{Kind, SMALL_COLLECTIVE};
 use super::run::{Buf, Dev};
 use super::{CollectiveStat, ExecError, Executable};
-use crate::comm::{place_all_to_all, wire_bytes, CommError, Communicator, Sinks};
+use crate::comm::{place_all_to_all, wire_bytes, CommError, Communicator, Pending, Sinks};
 use crate::error::RuntimeError;
 use crate::kernels::bytes;
-use crate::profile::{Profiler, TraceEvent};
+use crate::profile::{Profiler, TraceEvent, IN_FLIGHT};
 use crate::tensor::{Data, HostTensor};
 use ir::{Instr, Mesh};
 use rayon::prelude::*;
@@ -80,10 +80,88 @@ impl Executable {
     ) -> Result<(), ExecError> {
         let s = &self.plan.steps[si];
         let ins = &self.program.instrs[s.value.index()];
-        let (mesh, k) = self.mesh_of(si)?;
+        let (mesh, _) = self.mesh_of(si)?;
+        let t0 = profiler.map(|p| p.now_us());
+        let (local, operand) = self.operands(devs, si)?;
+        let index = s.value.index();
+        let out = match &s.kind {
+            Kind::OracleCollective => crate::reference::collective_on_hosts(&ins.op, mesh, &local)
+                .ok_or_else(|| CommError::Failed {
+                    index,
+                    op: ins.op.name().into(),
+                    msg: "not a collective".into(),
+                })?,
+            Kind::Collective {
+                out_perm: Some(perm),
+            } => comm.collective_transposed(index, &ins.op, mesh, local, perm)?,
+            _ => comm.collective(index, &ins.op, mesh, local)?,
+        };
+        let began = Began {
+            first: si,
+            operand,
+            t0,
+        };
+        self.results(devs, si, out, began, profiler, stats)
+    }
+
+    /// Start collective step `si` (a [`Kind::Start`]): its operands go to the
+    /// communicator, whose [`Pending`] the matching [`Kind::Wait`] finishes
+    /// ([`Executable::wait`]).
+    pub(super) fn start(
+        &self,
+        devs: &mut [Dev],
+        si: StepId,
+        comm: &dyn Communicator,
+        profiler: Option<&Profiler>,
+    ) -> Result<Started, ExecError> {
+        let s = &self.plan.steps[si];
+        let ins = &self.program.instrs[s.value.index()];
+        let (mesh, _) = self.mesh_of(si)?;
+        let t0 = profiler.map(|p| p.now_us());
+        let (local, operand) = self.operands(devs, si)?;
+        let perm = match &s.kind {
+            Kind::Start { out_perm } => out_perm.as_deref(),
+            _ => None,
+        };
+        let pending = comm.start(s.value.index(), &ins.op, mesh, local, perm);
+        for d in devs.iter_mut() {
+            d.release(self, si);
+        }
+        Ok(Started {
+            pending,
+            began: Began {
+                first: si,
+                operand,
+                t0,
+            },
+        })
+    }
+
+    /// Wait step `si` (a [`Kind::Wait`]): the results of the collective `started` began
+    /// become the step's values.
+    pub(super) fn wait(
+        &self,
+        devs: &mut [Dev],
+        si: StepId,
+        started: Started,
+        comm: &dyn Communicator,
+        profiler: Option<&Profiler>,
+        stats: &mut Vec<CollectiveStat>,
+    ) -> Result<(), ExecError> {
+        let out = comm.wait(started.pending)?;
+        self.results(devs, si, out, started.began, profiler, stats)
+    }
+
+    /// The operands of collective step `si`, one per device, with their bytes: moved out of
+    /// the devices where they die at `si`, else copied (the copy counted live).
+    fn operands(
+        &self,
+        devs: &mut [Dev],
+        si: StepId,
+    ) -> Result<(Vec<HostTensor>, Vec<usize>), ExecError> {
+        let s = &self.plan.steps[si];
         let v = s.reads[0];
         let operand_ty = self.program.instrs[v.index()].ty.clone();
-        let t0 = profiler.map(|p| p.now_us());
         // Operands that die here move into the collective; others are copied (the copy is
         // live until the results exist, like a moved operand).
         let c = self.live.class[v];
@@ -127,22 +205,34 @@ impl Executable {
                 .map(take)
                 .collect::<Result<_, _>>()?
         };
-        let index = s.value.index();
-        let out = match &s.kind {
-            Kind::OracleCollective => crate::reference::collective_on_hosts(&ins.op, mesh, &local)
-                .ok_or_else(|| CommError::Failed {
-                    index,
-                    op: ins.op.name().into(),
-                    msg: "not a collective".into(),
-                })?,
-            Kind::Collective {
-                out_perm: Some(perm),
-            } => comm.collective_transposed(index, &ins.op, mesh, local, perm)?,
-            _ => comm.collective(index, &ins.op, mesh, local)?,
-        };
-        let sent = wire_bytes(&ins.op, &operand_ty, k);
+        Ok((local, operand))
+    }
+
+    /// The results `out` of the collective `began` (ended by step `si`: its own step, or
+    /// its wait) become its value on every device; the operands' bytes, live since it
+    /// began, are not any more.
+    fn results(
+        &self,
+        devs: &mut [Dev],
+        si: StepId,
+        out: Vec<HostTensor>,
+        began: Began,
+        profiler: Option<&Profiler>,
+        stats: &mut Vec<CollectiveStat>,
+    ) -> Result<(), ExecError> {
+        let Began { first, operand, t0 } = began;
+        let s = &self.plan.steps[first];
+        let ins = &self.program.instrs[s.value.index()];
+        let (_, k) = self.mesh_of(first)?;
+        let operand_ty = &self.program.instrs[s.reads[0].index()].ty;
+        let sent = wire_bytes(&ins.op, operand_ty, k);
         count(stats, ins, sent * devs.len());
         let t1 = profiler.map(|p| p.now_us());
+        let how = if first == si {
+            String::new()
+        } else {
+            format!(", in flight from step {first} to step {si}")
+        };
         for ((d, t), operand) in devs.iter_mut().zip(out).zip(operand) {
             d.add_live(bytes(&t.data));
             // The operand (moved or copied) was live until the results existed.
@@ -152,18 +242,32 @@ impl Executable {
                 d.events.push(TraceEvent {
                     device: d.pos,
                     name: s.label.clone(),
-                    cat: "collective",
+                    cat: if first == si { "collective" } else { IN_FLIGHT },
                     ts_us: t0,
                     dur_us: t1 - t0,
                     flops: 0.0,
                     bytes: sent,
-                    detail: format!("{operand_ty} over {k} devices"),
+                    detail: format!("{operand_ty} over {k} devices{how}"),
                 });
             }
             d.release(self, si);
         }
         Ok(())
     }
+}
+
+/// A collective in flight between its [`Kind::Start`] and its [`Kind::Wait`].
+pub(super) struct Started {
+    pending: Pending,
+    began: Began,
+}
+
+/// Where a collective began: its (first) step, each device's operand bytes (live until the
+/// results exist) and the profile's clock then.
+struct Began {
+    first: StepId,
+    operand: Vec<usize>,
+    t0: Option<f64>,
 }
 
 /// Add `bytes` sent by one run of collective `ins` to `stats`.

@@ -56,6 +56,8 @@ impl Executable {
                 Kind::SumProduct => "SumProduct".into(),
                 Kind::OracleCollective => "OracleCollective(None)".into(),
                 Kind::Collective { out_perm } => format!("Collective({out_perm:?})"),
+                Kind::Start { out_perm } => format!("Start({out_perm:?})"),
+                Kind::Wait => "Wait".into(),
             }
         };
         for (si, s) in self.plan.steps.iter_enumerated() {

@@ -280,7 +280,10 @@ impl Segments {
                     })
                     .filter(|&si| {
                         let s = &steps[si];
-                        let v = s.reads[0];
+                        // A wait reads nothing (and its collective is not placed).
+                        let Some(&v) = s.reads.first() else {
+                            return false;
+                        };
                         matches!(s.kind, Kind::Collective { .. })
                             && matches!(
                                 p.instrs[s.value.index()].op.collective_kind(),

@@ -56,6 +56,9 @@ pub enum Held {
     CollectiveOperand,
     /// An all-to-all's result placed by its senders before its round.
     Placed,
+    /// The operand of a collective in flight (started, not yet waited for), under the
+    /// collective's value.
+    InFlight,
 }
 
 /// One buffer live at the peak.
@@ -149,8 +152,12 @@ impl Executable {
                 }
                 Segment::Collective(si) => {
                     w.step = si;
-                    if placed.remove(&si) {
-                        let v = self.plan.steps[si].value;
+                    let v = self.plan.steps[si].value;
+                    if matches!(self.plan.steps[si].kind, Kind::Start { .. }) {
+                        w.start(si);
+                    } else if matches!(self.plan.steps[si].kind, Kind::Wait) {
+                        w.wait(v);
+                    } else if placed.remove(&si) {
                         let at = w.extra.iter().position(|e| e.0 == v && e.2 == Held::Placed);
                         let (_, b, _) = w.extra.remove(at.expect("placed before its round"));
                         w.hold(v, b, true);
@@ -331,7 +338,7 @@ impl<'a> Walk<'a> {
                     self.vals[s.value] = self.vals[*dot].take();
                 }
             }
-            Kind::Collective { .. } | Kind::OracleCollective => {
+            Kind::Collective { .. } | Kind::OracleCollective | Kind::Start { .. } | Kind::Wait => {
                 unreachable!("collectives run between segments")
             }
         }
@@ -371,6 +378,37 @@ impl<'a> Walk<'a> {
                 self.supports.insert(key, (found, live.class[src]));
             }
         }
+    }
+
+    /// The start of a collective (the executor's `start`): its operand, moved in or
+    /// copied, stays live until its wait.
+    fn start(&mut self, si: StepId) {
+        let exe = self.exe;
+        let s = &exe.plan.steps[si];
+        let v = s.reads[0];
+        let c = exe.live.class[v];
+        let dies = exe.live.last_read[c] == si && exe.live.members[c].len() == 1;
+        let id = self.vals[v].expect("operands are live");
+        let b = self.bufs[id].bytes;
+        if dies && self.bufs[id].own && self.bufs[id].holders == 1 {
+            self.vals[v] = None;
+            self.extra.push((s.value, b, Held::InFlight));
+        } else {
+            self.add_extra(s.value, b, Held::InFlight);
+        }
+    }
+
+    /// The wait of collective `value` (the executor's `wait`): its results exist, its
+    /// operand is no longer held.
+    fn wait(&mut self, value: ValueId) {
+        self.alloc(value);
+        let at = self
+            .extra
+            .iter()
+            .position(|e| e.0 == value && e.2 == Held::InFlight)
+            .expect("a wait follows its start");
+        let (_, b, _) = self.extra.remove(at);
+        self.live -= b;
     }
 
     /// A collective over the operand (the executor's `collective`).

@@ -107,6 +107,11 @@ pub enum Passes {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExecOptions {
     pub passes: Passes,
+    /// Split every all-to-all into a start and a wait (the `overlap` pass): the
+    /// communicator runs it while the steps up to its first reader compute, where it can
+    /// ([`Communicator::start`]). Off by default; all-to-alls then run between segments, or
+    /// placed by their senders in process.
+    pub overlap: bool,
 }
 
 impl ExecOptions {
@@ -114,7 +119,13 @@ impl ExecOptions {
     pub fn native() -> ExecOptions {
         ExecOptions {
             passes: Passes::All,
+            overlap: false,
         }
+    }
+
+    /// These options with the `overlap` pass on or off ([`ExecOptions::overlap`]).
+    pub fn with_overlap(self, overlap: bool) -> ExecOptions {
+        ExecOptions { overlap, ..self }
     }
 
     /// No passes: the reference interpreter computes every step, with the executor's
@@ -123,6 +134,7 @@ impl ExecOptions {
     pub fn reference() -> ExecOptions {
         ExecOptions {
             passes: Passes::None,
+            overlap: false,
         }
     }
 }
@@ -179,7 +191,13 @@ impl Executable {
     /// kernels read (their size follows the operands' dims, the work of planning does not
     /// then grow with the shapes). [`Executable::run`] refuses it.
     pub fn for_planning(p: &Program) -> Result<Executable, ExecError> {
-        Executable::prepare(p, ExecOptions::native(), Tables::ShapesOnly)
+        Executable::for_planning_with(p, ExecOptions::native())
+    }
+
+    /// [`Executable::for_planning`] with `options` (the run's: with
+    /// [`ExecOptions::overlap`], collectives in flight hold their operands).
+    pub fn for_planning_with(p: &Program, options: ExecOptions) -> Result<Executable, ExecError> {
+        Executable::prepare(p, options, Tables::ShapesOnly)
     }
 
     fn prepare(p: &Program, options: ExecOptions, tables: Tables) -> Result<Executable, ExecError> {
@@ -199,7 +217,7 @@ impl Executable {
         }
         ir::verify(p).map_err(RuntimeError::from)?;
         let mut plan = lower::lower(p, options.passes, tables);
-        passes::run(p, &mut plan, options.passes)
+        passes::run(p, &mut plan, options.passes, options.overlap)
             .map_err(|(pass, source)| ExecError::Plan { pass, source })?;
         let live = Liveness::of(p, &plan);
         if cfg!(debug_assertions) {

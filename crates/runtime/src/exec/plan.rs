@@ -78,12 +78,24 @@ pub(crate) enum Kind {
     /// A collective between segments computed by the reference interpreter (the reference
     /// mode).
     OracleCollective,
+    /// The first half of a [`Kind::Collective`] split by the `overlap` pass: hands the
+    /// operand to the [`Communicator`](crate::comm::Communicator) and returns; the
+    /// collective's value does not exist yet (the step produces nothing).
+    Start {
+        out_perm: Option<Vec<usize>>,
+    },
+    /// The second half: waits for the collective its [`Kind::Start`] began and produces its
+    /// value. Reads nothing.
+    Wait,
 }
 
 impl Kind {
     /// Whether the step runs between segments, over every device at once.
     pub(crate) fn is_collective(&self) -> bool {
-        matches!(self, Kind::Collective { .. } | Kind::OracleCollective)
+        matches!(
+            self,
+            Kind::Collective { .. } | Kind::OracleCollective | Kind::Start { .. } | Kind::Wait
+        )
     }
 
     /// The kind's name in the plan's text.
@@ -103,6 +115,8 @@ impl Kind {
             Kind::SumProduct => "sum_product",
             Kind::Collective { .. } => "collective",
             Kind::OracleCollective => "oracle_collective",
+            Kind::Start { .. } => "start",
+            Kind::Wait => "wait",
         }
     }
 }
@@ -143,9 +157,13 @@ impl Step {
         }
     }
 
-    /// The values the step produces: `value`, then `also`.
+    /// The values the step produces: `value`, then `also` (nothing for a
+    /// [`Kind::Start`], whose value its wait produces).
     pub(crate) fn outputs(&self) -> impl Iterator<Item = ValueId> {
-        std::iter::once(self.value).chain(self.also)
+        let starts = matches!(self.kind, Kind::Start { .. });
+        std::iter::once(self.value)
+            .filter(move |_| !starts)
+            .chain(self.also)
     }
 }
 
@@ -186,6 +204,10 @@ pub enum PlanProblem {
     ReadAfterRelease { value: ValueId, released: StepId },
     #[error("releases the buffer of program output {value}")]
     OutputReleased { value: ValueId },
+    #[error("waits for {value}, which no earlier step started (or another waited for)")]
+    WaitWithoutStart { value: ValueId },
+    #[error("starts {value}, which no later step waits for")]
+    NeverWaited { value: ValueId },
 }
 
 impl Plan {
@@ -259,6 +281,8 @@ impl Plan {
         let fail = |si: StepId, problem: PlanProblem| self.error(si, problem);
         // The largest program index of a large collective so far.
         let mut last_large: Option<ValueId> = None;
+        // Collectives started and not yet waited for, with their start steps.
+        let mut in_flight: Vec<(ValueId, StepId)> = Vec::new();
         for (si, s) in self.steps.iter_enumerated() {
             for v in s.reads.iter().copied().chain(s.outputs()) {
                 if v.index() >= n {
@@ -280,6 +304,19 @@ impl Plan {
             if let Some(problem) = reads_problem(s) {
                 return Err(fail(si, problem));
             }
+            match s.kind {
+                Kind::Start { .. } => in_flight.push((s.value, si)),
+                Kind::Wait => match in_flight.iter().position(|&(v, _)| v == s.value) {
+                    Some(at) => {
+                        in_flight.remove(at);
+                    }
+                    None => {
+                        let problem = PlanProblem::WaitWithoutStart { value: s.value };
+                        return Err(fail(si, problem));
+                    }
+                },
+                _ => {}
+            }
             if s.kind.is_collective() {
                 let op = &p.instrs[s.value.index()].op;
                 if !op.is_collective() {
@@ -299,6 +336,9 @@ impl Plan {
                     last_large = Some(s.value);
                 }
             }
+        }
+        if let Some(&(value, si)) = in_flight.first() {
+            return Err(fail(si, PlanProblem::NeverWaited { value }));
         }
         // A moved value has no other reader.
         let (_, readers) = self.producers_and_readers();
@@ -360,9 +400,12 @@ fn reads_problem(s: &Step) -> Option<PlanProblem> {
                 None
             }
         }
-        Kind::Collective { .. } | Kind::OracleCollective if s.reads.len() != 1 => {
+        Kind::Collective { .. } | Kind::OracleCollective | Kind::Start { .. }
+            if s.reads.len() != 1 =>
+        {
             bad("a collective reads its operand")
         }
+        Kind::Wait if !s.reads.is_empty() => bad("a wait reads nothing"),
         Kind::Param(_)
         | Kind::PartitionId
         | Kind::Alias(_)
@@ -373,7 +416,9 @@ fn reads_problem(s: &Step) -> Option<PlanProblem> {
         | Kind::Oracle
         | Kind::SumProduct
         | Kind::Collective { .. }
-        | Kind::OracleCollective => None,
+        | Kind::OracleCollective
+        | Kind::Start { .. }
+        | Kind::Wait => None,
     }
 }
 
@@ -414,6 +459,9 @@ impl fmt::Display for Plan {
                 } => write!(f, "{} dot={dot} nodes={}", dims(plan), g.nodes.len())?,
                 Kind::Collective {
                     out_perm: Some(perm),
+                }
+                | Kind::Start {
+                    out_perm: Some(perm),
                 } => write!(f, " out_perm={perm:?}")?,
                 Kind::PartitionId
                 | Kind::Alias(_)
@@ -422,6 +470,8 @@ impl fmt::Display for Plan {
                 | Kind::Oracle
                 | Kind::SumProduct
                 | Kind::Collective { out_perm: None }
+                | Kind::Start { out_perm: None }
+                | Kind::Wait
                 | Kind::OracleCollective => {}
             }
             writeln!(f, " | {}", s.label)?;

@@ -3,6 +3,7 @@
 //! segments ([`Executable::run_shared`]): local segments as one task per device on the
 //! rayon pool, collectives between them (`collective`).
 
+use super::collective::Started;
 use super::ids::{IdVec, StepId};
 use super::liveness::Segment;
 use super::plan::Kind;
@@ -211,6 +212,8 @@ impl Executable {
     ) -> Result<(), ExecError> {
         // Results of all-to-alls placed by their senders, until their round.
         let mut placed: HashMap<StepId, Vec<Data>> = HashMap::new();
+        // Collectives started and not yet waited for, by value.
+        let mut started: HashMap<ValueId, Started> = HashMap::new();
         for (k, seg) in self.order.segments.iter().enumerate() {
             match *seg {
                 Segment::Local { start, end } => {
@@ -260,9 +263,21 @@ impl Executable {
                         return e;
                     }
                 }
-                Segment::Collective(si) => match placed.remove(&si) {
-                    Some(bufs) => self.placed(devs, si, bufs, run.profiler, stats)?,
-                    None => self.collective(devs, si, run.comm, run.profiler, stats)?,
+                Segment::Collective(si) => match &self.plan.steps[si].kind {
+                    Kind::Start { .. } => {
+                        let s = self.start(devs, si, run.comm, run.profiler)?;
+                        started.insert(self.plan.steps[si].value, s);
+                    }
+                    Kind::Wait => {
+                        let s = started
+                            .remove(&self.plan.steps[si].value)
+                            .expect("Plan::verify: a wait follows its start");
+                        self.wait(devs, si, s, run.comm, run.profiler, stats)?;
+                    }
+                    _ => match placed.remove(&si) {
+                        Some(bufs) => self.placed(devs, si, bufs, run.profiler, stats)?,
+                        None => self.collective(devs, si, run.comm, run.profiler, stats)?,
+                    },
                 },
             }
         }
@@ -346,7 +361,7 @@ impl Dev<'_> {
             Kind::Kernel => self.kernel(exe, at)?,
             Kind::Oracle => self.oracle(exe, at)?,
             Kind::SumProduct => self.sum_product(exe, at)?,
-            Kind::Collective { .. } | Kind::OracleCollective => {
+            Kind::Collective { .. } | Kind::OracleCollective | Kind::Start { .. } | Kind::Wait => {
                 unreachable!("collectives run between segments")
             }
         };

@@ -64,6 +64,24 @@ pub fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// [`with_avx2`] with FMA too: `f32::mul_add` inside `f` is then one instruction
+/// (vectorised with its loop), not a call to libm's `fmaf`.
+#[inline]
+pub fn with_avx2_fma<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() && std::is_x86_feature_detected!("fma") {
+        /// # Safety
+        /// The CPU supports AVX2 and FMA.
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { run(f) };
+    }
+    f()
+}
+
 /// Whether this CPU has AVX2 (std caches the detection: one atomic load).
 #[cfg(target_arch = "x86_64")]
 #[inline]

@@ -45,7 +45,11 @@ impl Prepared {
     }
 
     pub(super) fn exe(&self) -> Result<&runtime::Executable, TrainError> {
-        prepared(&self.exe, &self.part.program)
+        prepared(
+            &self.exe,
+            &self.part.program,
+            runtime::ExecOptions::native(),
+        )
     }
 }
 

@@ -31,7 +31,9 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, TrainError> {
     let cfg = TrainConfig::from_toml(src.config(), &src.path().display().to_string())?;
     let tok = Tokenizer::load(rd.tokenizer())?;
     let programs = build_programs(&cfg, tok.vocab_size())?;
-    let comm = std::sync::Arc::new(runtime::InProcess::new(cfg.devices()));
+    let comm = std::sync::Arc::new(
+        runtime::InProcess::new(cfg.devices()).with_comm_thread(cfg.model.overlap > 1),
+    );
     let trainer = Trainer::from_source(&cfg, programs, &src, comm)?;
     Ok(LoadedRun { cfg, tok, trainer })
 }

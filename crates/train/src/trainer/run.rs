@@ -146,7 +146,7 @@ pub struct Sample {
 /// Config fields that may differ between a run and its resumption: how long it runs, where
 /// the corpus lives, the mesh and the weight sharding (a checkpoint loads on any mesh) and
 /// what the step recomputes (rematerialisation changes no value).
-const MAY_CHANGE_ON_RESUME: [&str; 7] = [
+const MAY_CHANGE_ON_RESUME: [&str; 8] = [
     "steps",
     "data.dir",
     "mesh.data",
@@ -154,6 +154,7 @@ const MAY_CHANGE_ON_RESUME: [&str; 7] = [
     "mesh.model",
     "mesh.shard_weights",
     "model.remat",
+    "model.overlap",
 ];
 
 /// The dotted names of the fields in which two configs differ.
@@ -356,7 +357,7 @@ pub fn run(
                 &format!("mesh {}", cfg.mesh.describe()),
             )
             .map_err(|m| TrainError::Config(crate::config::ConfigError::Invalid(m)))?;
-            Arc::new(InProcess::new(cfg.devices()))
+            Arc::new(InProcess::new(cfg.devices()).with_comm_thread(cfg.model.overlap > 1))
         }
     };
     let root = comm.process_index() == 0;

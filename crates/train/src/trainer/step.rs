@@ -35,15 +35,16 @@ pub struct Trainer {
 /// Per local device, its shards of a program's inputs (shared, not copied, by the runs).
 pub(super) type DeviceInputs = Vec<HashMap<String, Arc<HostTensor>>>;
 
-/// The executable of `p` in `cell`, prepared on first use.
+/// The executable of `p` in `cell`, prepared on first use with `opts`.
 pub(super) fn prepared<'a>(
     cell: &'a OnceLock<runtime::Executable>,
     p: &ir::Program,
+    opts: runtime::ExecOptions,
 ) -> Result<&'a runtime::Executable, TrainError> {
     if let Some(e) = cell.get() {
         return Ok(e);
     }
-    let e = runtime::Executable::new(p)?;
+    let e = runtime::Executable::with_options(p, opts)?;
     Ok(cell.get_or_init(|| e))
 }
 
@@ -61,7 +62,15 @@ impl Trainer {
             .mesh
             .as_ref()
             .map_or(1, |m| m.num_devices());
-        Trainer::with_comm(cfg, programs, global, step, Arc::new(InProcess::new(n)))
+        let comm = InProcess::new(n).with_comm_thread(cfg.model.overlap > 1);
+        Trainer::with_comm(cfg, programs, global, step, Arc::new(comm))
+    }
+
+    /// How the step and evaluation programs are prepared: with `model.overlap` chunks, the
+    /// executor starts the MoE all-to-alls early and waits for them late (its `overlap`
+    /// pass), so chunks overlap where the communicator can.
+    pub fn exec_options(&self) -> runtime::ExecOptions {
+        runtime::ExecOptions::native().with_overlap(self.cfg.model.overlap > 1)
     }
 
     /// [`Trainer::new`] on the local devices of `comm` (e.g. one MPI rank's).
@@ -140,7 +149,11 @@ impl Trainer {
     /// The step's per-device memory planned by the executor's buffer planning: its peak is
     /// the one a step measures ([`Trainer::peak_bytes_per_device`]), with what it holds.
     pub fn planned_memory(&self) -> Result<crate::memory::PlannedMemory, TrainError> {
-        let exe = prepared(&self.step_exe, &self.programs.step.program)?;
+        let exe = prepared(
+            &self.step_exe,
+            &self.programs.step.program,
+            self.exec_options(),
+        )?;
         let opts = runtime::MemoryOptions {
             shared_memory: self.comm.shared_memory(),
         };
@@ -167,7 +180,11 @@ impl Trainer {
             "seed".into(),
             HostTensor::from_f64_values(Type::scalar(DType::I32), &[seed]),
         );
-        let exe = prepared(&self.step_exe, &self.programs.step.program)?;
+        let exe = prepared(
+            &self.step_exe,
+            &self.programs.step.program,
+            self.exec_options(),
+        )?;
         // The state moves into the run (shared, not copied) and back out of it; the batch
         // shards join it for the run only.
         let mesh = self.mesh();
@@ -344,7 +361,7 @@ impl Trainer {
             .into_iter()
             .map(|m| m.into_iter().map(|(k, t)| (k, Arc::new(t))).collect())
             .collect();
-        let r = prepared(&self.eval_exe, &part.program)?.run_shared(
+        let r = prepared(&self.eval_exe, &part.program, self.exec_options())?.run_shared(
             self.comm.as_ref(),
             &inputs,
             None,

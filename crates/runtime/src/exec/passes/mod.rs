@@ -5,7 +5,9 @@
 //! They run in the order of [`REWRITES`] (later ones match what earlier ones left, and
 //! that order is part of what the plan is), then [`rounds`] and [`stream_outputs`], which
 //! reorder steps and mark dots without changing any value. With [`Passes::None`] (the
-//! reference mode) only [`rounds`] runs. In debug builds and tests, [`Plan::verify`] checks
+//! reference mode) only [`rounds`] runs. Last, with
+//! [`ExecOptions::overlap`](super::ExecOptions::overlap), [`overlap`] splits the
+//! all-to-alls into a start and a wait. In debug builds and tests, [`Plan::verify`] checks
 //! the plan after lowering and after every pass.
 
 use super::plan::{Plan, PlanError};
@@ -18,6 +20,7 @@ pub(crate) mod identities;
 pub(crate) mod indicator_dots;
 pub(crate) mod masked_dot_sums;
 pub(crate) mod masked_dots;
+pub(crate) mod overlap;
 pub(crate) mod rounds;
 pub(crate) mod stream_outputs;
 pub(crate) mod sum_products;
@@ -53,6 +56,7 @@ pub(crate) fn run(
     p: &Program,
     plan: &mut Plan,
     passes: Passes,
+    overlap: bool,
 ) -> Result<(), (&'static str, PlanError)> {
     check(p, plan, "lower")?;
     let rewrites: &[(&'static str, Pass)] = match passes {
@@ -66,6 +70,10 @@ pub(crate) fn run(
     for &(name, pass) in rewrites.iter().chain(schedule) {
         pass(p, plan);
         check(p, plan, name)?;
+    }
+    if overlap {
+        overlap::run(p, plan);
+        check(p, plan, "overlap")?;
     }
     Ok(())
 }

@@ -11,7 +11,7 @@ use super::scan::{all_finite, sparse_terms, Term};
 use super::sparse::sparse_entry;
 use super::support::{terms_from_support, Known, Values};
 use super::DotCall;
-use crate::kernels::with_avx2;
+use crate::kernels::with_avx2_fma;
 use rayon::prelude::*;
 
 /// A per-batch-entry epilogue as the batch runs it: `f(bb, entry)` with entry `bb`'s
@@ -210,11 +210,11 @@ fn run_batch<T: GemmFloat>(batch: &Batch<T>, out: &mut [T]) -> bool {
         opts,
     };
     let one = |bb: usize, par: gemm::Parallelism, next: Option<usize>| match path {
-        DotPath::SparseLhs => with_avx2(
+        DotPath::SparseLhs => with_avx2_fma(
             #[inline(always)]
             || sparse_entry(p, true, &terms.expect("the lhs's terms")[bb], r, optr, bb),
         ),
-        DotPath::SparseRhs => with_avx2(
+        DotPath::SparseRhs => with_avx2_fma(
             #[inline(always)]
             || sparse_entry(p, false, &terms.expect("the rhs's terms")[bb], l, optr, bb),
         ),

@@ -14,6 +14,9 @@ pub trait GemmFloat:
     /// Exactly, as f64 (and back: exact for a value that came from this type).
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
+    /// One step of a product's chain: `acc + self * x` as the dense path adds it (f32: one
+    /// fused multiply-add, as the FMA micro-kernels; f64: a product, then a sum).
+    fn chain(self, x: Self, acc: Self) -> Self;
     /// Bit `t` set for each non-zero (NaN included) of the `run.len() <= 64` values.
     fn nonzero_bits64(run: &[Self]) -> u64 {
         fold_nonzero_bits(run)
@@ -72,6 +75,10 @@ impl GemmFloat for f32 {
     fn from_f64(v: f64) -> f32 {
         v as f32
     }
+    #[inline(always)]
+    fn chain(self, x: f32, acc: f32) -> f32 {
+        self.mul_add(x, acc)
+    }
     /// AVX2 compares and movemasks where the CPU has them (a scalar fold compiles to one
     /// compare per value).
     fn nonzero_bits64(run: &[f32]) -> u64 {
@@ -93,6 +100,10 @@ impl GemmFloat for f64 {
     }
     fn from_f64(v: f64) -> f64 {
         v
+    }
+    #[inline(always)]
+    fn chain(self, x: f64, acc: f64) -> f64 {
+        acc + self * x
     }
     fn with_scratch<R>(f: impl FnOnce(&mut Vec<f64>, &mut Vec<f64>) -> R) -> R {
         scratch(&SCRATCH_F64, f)

@@ -1,44 +1,13 @@
 //! The sparse paths of a batch entry: each term of the mostly-zero side adds a multiple of
-//! a line of the dense operand to a line of the result, in increasing step order (the
-//! dense product's sums with the zero terms left out).
+//! a line of the dense operand to a line of the result, in increasing step order: the
+//! dense product's FMA chains (per block of `KC` steps, as the micro-kernels run them)
+//! with the zero terms left out, so the path a dot takes does not change its bits.
 
 use super::dense::OutPtr;
 use super::float::GemmFloat;
 use super::plan::DotPlan;
 use super::scan::Term;
-
-/// Accumulate `v * x` into element `(i, j)`-addressed storage through the raw output.
-#[inline(always)]
-pub(super) fn axpy_out<T: GemmFloat>(out: OutPtr<T>, at: usize, v: T) {
-    debug_assert!(at < out.len);
-    // SAFETY: `at` is inside the result buffer (checked by the caller's bounds assert) and
-    // only the task owning this batch entry touches it.
-    unsafe {
-        let o = out.ptr.add(at);
-        *o = *o + v;
-    }
-}
-
-/// `out[at + t] += v * xs[t]` over a contiguous run of the result (a row or column of the
-/// calling task's batch entry); with `first`, the run's first term, added to the zero a
-/// product's sum starts from (`0 + v * x`: a `-0` term gives `+0`, as there) instead of
-/// to what the run holds.
-#[inline(always)]
-pub(super) fn add_run<T: GemmFloat>(out: OutPtr<T>, at: usize, xs: &[T], v: T, first: bool) {
-    assert!(at + xs.len() <= out.len);
-    // SAFETY: bounded by the assert; the run belongs to this task's batch entry, which no
-    // other task writes and nothing else borrows.
-    let run = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(at), xs.len()) };
-    if first {
-        for (o, &x) in run.iter_mut().zip(xs) {
-            *o = T::ZERO + v * x;
-        }
-    } else {
-        for (o, &x) in run.iter_mut().zip(xs) {
-            *o = *o + v * x;
-        }
-    }
-}
+use crate::kernels::sgemm::KC;
 
 #[inline(always)]
 pub(super) fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
@@ -70,29 +39,77 @@ pub(super) fn zero_out<T: GemmFloat>(p: &DotPlan, out: OutPtr<T>, ob: usize) {
     }
 }
 
-/// Add the terms into `lines` contiguous runs of the result, `len` long, run `q` at
-/// `start(q)`: term `(q, kk, v)` adds `v * src(kk)` to run `q`. A run's first term is
-/// written onto zero and runs without terms are zero-filled, so the result is written once,
-/// not zeroed first.
+/// The lines of a product from the terms of its sparse side, each line built as the dense
+/// path builds it: per step block of [`KC`] steps (one block when `split` is off), an FMA
+/// chain from zero over the block's terms in increasing step order, the first block's
+/// chain the line and each later one's added to it. The dense micro-kernels compute the
+/// same chains with the zero terms in them, and a `0 * x` term (`x` finite) leaves a chain
+/// unchanged unless it is `-0`, so every path gives the dense product's bits but for the
+/// sign of such a zero: which path a dot takes, and so how big a chunk of it is, never
+/// changes its values. `add(buf, kk, v, fresh)` adds `v` times the dense operand's line
+/// `kk` to `buf` (onto zero with `fresh`); `store(q, line)` writes line `q` of the result.
+/// Each line's terms come in increasing `kk`; lines interleaved (a scan that walked the
+/// steps outermost) are grouped first, each line's order kept.
 #[inline(always)]
-pub(super) fn place_runs<'a, T: GemmFloat>(
-    out: OutPtr<T>,
-    (lines, len): (usize, usize),
-    start: impl Fn(usize) -> usize,
-    src: impl Fn(usize) -> &'a [T],
+fn chains<T: GemmFloat>(
+    len: usize,
     terms: &[Term<T>],
+    split: bool,
+    mut add: impl FnMut(&mut [T], usize, T, bool),
+    mut store: impl FnMut(usize, &[T]),
 ) {
-    let mut seen = vec![false; lines];
-    for &(q, kk, v) in terms {
-        let q = q as usize;
-        let first = !std::mem::replace(&mut seen[q], true);
-        add_run(out, start(q), src(kk as usize), v, first);
+    let grouped;
+    let terms = if terms.windows(2).all(|w| w[0].0 <= w[1].0) {
+        terms
+    } else {
+        let mut g = terms.to_vec();
+        g.sort_by_key(|t| t.0);
+        grouped = g;
+        &grouped[..]
+    };
+    let (mut line, mut part) = (vec![T::ZERO; len], Vec::new());
+    let block = |kk: u32| if split { kk as usize / KC } else { 0 };
+    let mut i = 0;
+    while i < terms.len() {
+        let q = terms[i].0;
+        let end = i + terms[i..].iter().take_while(|t| t.0 == q).count();
+        let mut a = i;
+        while a < end {
+            let b = a + terms[a..end]
+                .iter()
+                .take_while(|t| block(t.1) == block(terms[a].1))
+                .count();
+            if a == i {
+                for (n, &(_, kk, v)) in terms[a..b].iter().enumerate() {
+                    add(&mut line, kk as usize, v, n == 0);
+                }
+            } else {
+                part.resize(len, T::ZERO);
+                for (n, &(_, kk, v)) in terms[a..b].iter().enumerate() {
+                    add(&mut part, kk as usize, v, n == 0);
+                }
+                for (l, &p) in line.iter_mut().zip(&part) {
+                    *l = *l + p;
+                }
+            }
+            a = b;
+        }
+        store(q as usize, &line);
+        i = end;
     }
-    for q in (0..lines).filter(|&q| !seen[q]) {
-        let at = start(q);
-        assert!(at + len <= out.len);
-        // SAFETY: bounded by the assert; a run of this task's batch entry.
-        unsafe { std::slice::from_raw_parts_mut(out.ptr.add(at), len) }.fill(T::ZERO);
+}
+
+/// `buf[t] = v * xs[t] + (fresh ? 0 : buf[t])`, one chain step per element.
+#[inline(always)]
+fn chain_run<T: GemmFloat>(buf: &mut [T], xs: &[T], v: T, fresh: bool) {
+    if fresh {
+        for (o, &x) in buf.iter_mut().zip(xs) {
+            *o = v.chain(x, T::ZERO);
+        }
+    } else {
+        for (o, &x) in buf.iter_mut().zip(xs) {
+            *o = v.chain(x, *o);
+        }
     }
 }
 
@@ -127,19 +144,56 @@ pub(super) fn sparse_entry<T: GemmFloat>(
         p.out.rs == 1 && p.out.row_off.is_none()
     };
     let (db, ob) = (dv.batch_off[bb], p.out.batch_off[bb]);
+    let split = p.k > KC;
     if along_unit && out_unit {
         // The dense operand's lines and the result's both contiguous (the one-hot
         // dispatch and combine, their gradients): each term is one slice update.
         let d0 = db + along[0];
         let src = |kk: usize| &dense[d0 + steps[kk]..d0 + steps[kk] + len];
-        place_runs(out, (lines, len), |q| ob + line(q), src, terms);
+        let mut seen = vec![false; lines];
+        chains(
+            len,
+            terms,
+            split,
+            |buf, kk, v, fresh| chain_run(buf, src(kk), v, fresh),
+            |q, vals| {
+                seen[q] = true;
+                let at = ob + line(q);
+                assert!(at + len <= out.len);
+                // SAFETY: bounded by the assert; a run of this task's batch entry, which no
+                // other task writes and nothing else borrows.
+                unsafe { std::slice::from_raw_parts_mut(out.ptr.add(at), len) }
+                    .copy_from_slice(vals);
+            },
+        );
+        for q in (0..lines).filter(|&q| !seen[q]) {
+            let at = ob + line(q);
+            assert!(at + len <= out.len);
+            // SAFETY: bounded by the assert; a run of this task's batch entry.
+            unsafe { std::slice::from_raw_parts_mut(out.ptr.add(at), len) }.fill(T::ZERO);
+        }
         return;
     }
     zero_out(p, out, ob);
-    for &(q, kk, v) in terms {
-        let (o0, s0) = (ob + line(q as usize), db + steps[kk as usize]);
-        for (t, &a) in along.iter().enumerate() {
-            axpy_out(out, o0 + elem(t), v * dense[s0 + a]);
-        }
-    }
+    chains(
+        len,
+        terms,
+        split,
+        |buf, kk, v, fresh| {
+            let s0 = db + steps[kk];
+            for (o, &a) in buf.iter_mut().zip(along.iter()) {
+                let acc = if fresh { T::ZERO } else { *o };
+                *o = v.chain(dense[s0 + a], acc);
+            }
+        },
+        |q, vals| {
+            let o0 = ob + line(q);
+            for (t, &x) in vals.iter().enumerate() {
+                let at = o0 + elem(t);
+                assert!(at < out.len);
+                // SAFETY: bounded by the assert; an element of this task's batch entry.
+                unsafe { *out.ptr.add(at) = x };
+            }
+        },
+    );
 }

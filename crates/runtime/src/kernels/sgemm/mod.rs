@@ -90,7 +90,7 @@ pub const NR: usize = 16;
 /// GFLOP/s, `128 x 128 x 512` 234 -> 239 (one thread, hot). The AVX2 tile's panel (32 KiB)
 /// then fills a Zen 3's L1 (its rate on the Zen 5, 128-130, did not move; the depth is
 /// the same for both tiles so that they give the same bits).
-const KC: usize = 512;
+pub(crate) const KC: usize = 512;
 
 /// Rows of `A` packed at once (`MC x KC` = 288 KiB, inside a 512 KiB or 1 MiB L2; one block
 /// holds the 128 rows of a small expert GEMM, whose `B` block is then streamed from L2 once,
