@@ -9,83 +9,28 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::{scratch, trajectory};
+
 use train::config::TrainConfig;
 use train::data::Corpus;
 use train::trainer::{run, RunOptions};
 
 fn tiny(overlap: usize) -> TrainConfig {
-    let mut c = TrainConfig {
-        steps: 2,
-        log_every: 1,
-        eval_every: 0,
-        checkpoint_every: 2,
-        ..TrainConfig::default()
-    };
-    c.mesh.data = 2;
-    c.mesh.expert = 4;
-    c.data.batch_size = 16;
-    c.data.max_len = 8;
-    c.data.dev_size = 8;
-    c.data.vocab_size = 300;
-    c.model.model_dim = 16;
-    c.model.heads = 2;
-    c.model.head_dim = 8;
-    c.model.ffn_dim = 32;
-    c.model.enc_layers = 2;
-    c.model.dec_layers = 2;
-    c.model.experts = 4;
-    c.model.group_size = 16;
-    c.model.dropout = 0.1;
+    let mut c = common::tiny_moe(2, 4, 16, 2);
     c.model.overlap = overlap;
     c
-}
-
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gshard-overlap-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-/// Every step's loss and gradient norm, and every tensor of the final checkpoint.
-type Trajectory = (Vec<[f64; 2]>, Vec<(String, Vec<f64>)>);
-
-fn trajectory(dir: &Path) -> Trajectory {
-    let steps = train::metrics::read(&dir.join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.get("lr").is_some())
-        .map(|r| {
-            [
-                r["loss"].as_f64().unwrap(),
-                r["grad_norm"].as_f64().unwrap(),
-            ]
-        })
-        .collect();
-    let ck = train::checkpoint::ShardedReader::open(&dir.join("checkpoint")).unwrap();
-    let mut tensors: Vec<(String, Vec<f64>)> = ck
-        .manifest
-        .types()
-        .into_iter()
-        .map(|(k, _)| {
-            let v = ck.read_whole(&k).unwrap().to_f64_vec();
-            (k, v)
-        })
-        .collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    (steps, tensors)
 }
 
 #[test]
 fn chunked_moe_layers_train_bit_for_bit_like_unchunked_ones() {
     let c: Corpus = common::corpus(400, &["de"]);
-    let base = tmp("1");
+    let base = scratch("overlap", "1");
     run(&tiny(1), &c, &RunOptions::new(base.clone()), &mut |_| {}).unwrap();
     let want = trajectory(&base);
     assert_eq!(want.0.len(), 2);
     assert!(want.1.iter().any(|(n, _)| n.ends_with("moe/wi")));
     for k in [2, 4] {
-        let dir = tmp(&k.to_string());
+        let dir = scratch("overlap", &k.to_string());
         run(&tiny(k), &c, &RunOptions::new(dir.clone()), &mut |_| {}).unwrap();
         let got = trajectory(&dir);
         assert_eq!(

@@ -6,7 +6,8 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::{scratch, trajectory, Trajectory};
+
 use train::config::TrainConfig;
 use train::data::Corpus;
 use train::trainer::{run, RunOptions};
@@ -16,65 +17,9 @@ fn corpus() -> Corpus {
 }
 
 fn tiny(remat: &str) -> TrainConfig {
-    let mut c = TrainConfig {
-        steps: 4,
-        log_every: 1,
-        eval_every: 0,
-        checkpoint_every: 2,
-        ..TrainConfig::default()
-    };
-    c.mesh.data = 1;
-    c.mesh.expert = 2;
-    c.data.batch_size = 8;
-    c.data.max_len = 8;
-    c.data.dev_size = 8;
-    c.data.vocab_size = 300;
-    c.model.model_dim = 16;
-    c.model.heads = 2;
-    c.model.head_dim = 8;
-    c.model.ffn_dim = 32;
-    c.model.enc_layers = 2;
-    c.model.dec_layers = 2;
-    c.model.experts = 4;
-    c.model.group_size = 16;
-    c.model.dropout = 0.1;
+    let mut c = common::tiny_moe(1, 2, 8, 4);
     c.model.remat = remat.to_string();
     c
-}
-
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gshard-remat-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-/// Every step's loss and gradient norm, and every tensor of the final checkpoint.
-type Trajectory = (Vec<[f64; 2]>, Vec<(String, Vec<f64>)>);
-
-fn trajectory(dir: &Path) -> Trajectory {
-    let steps = train::metrics::read(&dir.join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.get("lr").is_some())
-        .map(|r| {
-            [
-                r["loss"].as_f64().unwrap(),
-                r["grad_norm"].as_f64().unwrap(),
-            ]
-        })
-        .collect();
-    let ck = train::checkpoint::ShardedReader::open(&dir.join("checkpoint")).unwrap();
-    let mut tensors: Vec<(String, Vec<f64>)> = ck
-        .manifest
-        .types()
-        .into_iter()
-        .map(|(k, _)| {
-            let v = ck.read_whole(&k).unwrap().to_f64_vec();
-            (k, v)
-        })
-        .collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    (steps, tensors)
 }
 
 /// `got` equals `want`: the first step bit for bit, the rest within f32 rounding.
@@ -104,7 +49,7 @@ fn assert_same(got: &Trajectory, want: &Trajectory, what: &str) {
 #[test]
 fn recomputing_runs_train_like_the_run_that_keeps_activations() {
     let c = corpus();
-    let base = tmp("none");
+    let base = scratch("remat", "none");
     run(
         &tiny("none"),
         &c,
@@ -116,7 +61,7 @@ fn recomputing_runs_train_like_the_run_that_keeps_activations() {
     assert_eq!(want.0.len(), 4);
     assert!(!want.1.is_empty());
     for policy in ["layer", "dots", "scopes:encoder,decoder/layer1"] {
-        let dir = tmp(&policy.replace([':', '/', ','], "-"));
+        let dir = scratch("remat", &policy.replace([':', '/', ','], "-"));
         run(
             &tiny(policy),
             &c,
@@ -128,7 +73,7 @@ fn recomputing_runs_train_like_the_run_that_keeps_activations() {
         std::fs::remove_dir_all(&dir).ok();
     }
     // Switching the policy on resume is allowed and changes nothing.
-    let cut = tmp("switch");
+    let cut = scratch("remat", "switch");
     let first = RunOptions {
         stop_after: Some(2),
         ..RunOptions::new(cut.clone())
