@@ -94,11 +94,7 @@ pub trait Communicator: Send + Sync {
         local: Vec<HostTensor>,
         perm: Option<&[usize]>,
     ) -> Pending {
-        let r = match perm {
-            Some(perm) => self.collective_transposed(index, op, mesh, local, perm),
-            None => self.collective(index, op, mesh, local),
-        };
-        Pending::done(index, op.name(), r)
+        start_blocking(self, index, op, mesh, local, perm)
     }
 
     /// The results of a collective [`Communicator::start`] returned.
@@ -719,6 +715,23 @@ unsafe fn copy_blocks<T: Copy>(
     };
 }
 
+/// [`Communicator::start`] that completes the collective before it returns (the trait's
+/// default, and `InProcess` without its communication thread).
+fn start_blocking<C: Communicator + ?Sized>(
+    comm: &C,
+    index: usize,
+    op: &Op,
+    mesh: &Mesh,
+    local: Vec<HostTensor>,
+    perm: Option<&[usize]>,
+) -> Pending {
+    let r = match perm {
+        Some(perm) => comm.collective_transposed(index, op, mesh, local, perm),
+        None => comm.collective(index, op, mesh, local),
+    };
+    Pending::done(index, op.name(), r)
+}
+
 impl Communicator for InProcess {
     fn local_positions(&self) -> Vec<usize> {
         (0..self.n).collect()
@@ -733,11 +746,7 @@ impl Communicator for InProcess {
         perm: Option<&[usize]>,
     ) -> Pending {
         if !self.comm_thread {
-            let r = match perm {
-                Some(perm) => self.collective_transposed(index, op, mesh, local, perm),
-                None => self.collective(index, op, mesh, local),
-            };
-            return Pending::done(index, op.name(), r);
+            return start_blocking(self, index, op, mesh, local, perm);
         }
         let (pending, reply) = Pending::running(index, op.name());
         // The thread shares the spare buffers; it owns everything else it touches.
