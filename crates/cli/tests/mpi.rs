@@ -399,6 +399,38 @@ fn mpi_training_with_a_model_axis_equals_in_process_bitwise() {
 }
 
 /// Two directories hold the same files with the same bytes.
+/// Overlap over MPI: with `--overlap 2` each rank starts its chunks' all-to-alls on its
+/// communication thread and computes meanwhile; the bits are the in-process run's (and its
+/// losses those of k = 1).
+#[test]
+fn mpi_training_with_overlap_equals_in_process_bitwise() {
+    if !mpi_ready("mpi_training_with_overlap_equals_in_process_bitwise") {
+        return;
+    }
+    let dir = tmp("train-overlap");
+    let data = dir.join("data");
+    write_corpus(&data);
+    let cfg = tiny_config(&dir, &data, 3);
+    let (a, a2, b) = (dir.join("k1"), dir.join("k2"), dir.join("mpi"));
+    let cfg_s = cfg.to_str().unwrap();
+    gshard(&["train", "--config", cfg_s, "--out", a.to_str().unwrap()]);
+    let (a2s, o) = (a2.to_str().unwrap(), ["--overlap", "2"]);
+    gshard(&["train", "--config", cfg_s, "--out", a2s, o[0], o[1]]);
+    let mut c = mpirun(4);
+    c.args(["train", "--config", cfg_s, "--backend", "mpi", o[0], o[1]])
+        .arg("--out")
+        .arg(&b);
+    ok(
+        &run(c, Duration::from_secs(600), "mpirun train --overlap 2"),
+        "mpirun train --overlap 2",
+    );
+    let la = losses(&a);
+    assert_eq!(la.len(), 3, "{la:?}");
+    assert_eq!(la, losses(&b), "loss curves differ with overlap over MPI");
+    // The checkpoint (whose manifest records `overlap = 2`) as the in-process one's.
+    assert_same_files(&a2.join("checkpoint"), &b.join("checkpoint"));
+}
+
 fn assert_same_files(a: &Path, b: &Path) {
     let list = |d: &Path| {
         let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(d)

@@ -93,8 +93,9 @@ impl Watch {
     }
 }
 
-/// A communicator over `MPI_COMM_WORLD`: this process runs mesh position `rank`.
-pub struct MpiComm {
+/// The MPI side of [`crate::MpiComm`]: collectives run on the calling thread, one at a
+/// time (the state is behind a mutex); [`crate::worker`] orders and overlaps them.
+pub(crate) struct Core {
     state: Mutex<State>,
     watch: Arc<Watch>,
     thread: Option<JoinHandle<()>>,
@@ -124,8 +125,8 @@ fn processor_names(world: &SimpleCommunicator) -> Vec<String> {
         .collect()
 }
 
-/// Initialise MPI (MPI_THREAD_MULTIPLE) and start the watchdog.
-pub fn init(opts: Options) -> Result<MpiComm, MpiError> {
+/// Initialise MPI (MPI_THREAD_MULTIPLE, at least SERIALIZED) and start the watchdog.
+pub(crate) fn init(opts: Options) -> Result<Core, MpiError> {
     let (universe, level) =
         mpi::initialize_with_threading(Threading::Multiple).ok_or(MpiError::Init)?;
     if level < Threading::Serialized {
@@ -148,7 +149,7 @@ pub fn init(opts: Options) -> Result<MpiComm, MpiError> {
         .name("gshard-mpi-watchdog".into())
         .spawn(move || w.run())
         .ok();
-    Ok(MpiComm {
+    Ok(Core {
         state: Mutex::new(State {
             groups: HashMap::new(),
             world,
@@ -181,7 +182,7 @@ pub fn abort(code: i32) -> ! {
     std::process::exit(code)
 }
 
-impl Drop for MpiComm {
+impl Drop for Core {
     fn drop(&mut self) {
         self.watch.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
@@ -379,7 +380,7 @@ fn place_blocks(
     out
 }
 
-impl MpiComm {
+impl Core {
     /// This process's rank in `MPI_COMM_WORLD` (= the mesh position it runs).
     pub fn rank(&self) -> usize {
         self.rank
@@ -397,6 +398,8 @@ impl MpiComm {
 
     /// "rank r of n on HOST (LIBRARY)", for logs.
     pub fn describe(&self) -> String {
+        // MPI calls: one thread at a time (MPI_THREAD_SERIALIZED suffices).
+        let _st = self.lock();
         let host = mpi::environment::processor_name().unwrap_or_else(|_| "?".into());
         let lib = mpi::environment::library_version()
             .unwrap_or_default()
@@ -463,7 +466,7 @@ impl State {
     }
 }
 
-impl Communicator for MpiComm {
+impl Communicator for Core {
     fn local_positions(&self) -> Vec<usize> {
         vec![self.rank]
     }

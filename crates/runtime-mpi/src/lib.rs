@@ -10,6 +10,10 @@
 //! `MPI_Alltoallv` of 1/k chunks, reduced locally in rank order) followed by an all-gather
 //! of the reduced chunks: 2(k-1)/k of the buffer per rank, like a ring, and deterministic.
 //!
+//! Collectives run in the executor's order on one communication thread per rank
+//! ([`MpiComm`]), so a started one (`Communicator::start`) is on the wire while the rank
+//! computes.
+//!
 //! Faults: a rank that errors calls [`abort`] (MPI_Abort ends every rank); a rank that dies
 //! is noticed by `mpirun`, which ends the others; a rank that hangs is caught by a watchdog
 //! thread that aborts the job when a collective waits on its peers longer than
@@ -39,7 +43,17 @@ mod backend;
 #[cfg(feature = "mpi")]
 mod two_level;
 #[cfg(feature = "mpi")]
-pub use backend::{abort, active, init, MpiComm};
+mod worker;
+#[cfg(feature = "mpi")]
+pub use backend::{abort, active};
+#[cfg(feature = "mpi")]
+pub use worker::MpiComm;
+
+/// Initialise MPI and start the backend: its watchdog and its communication thread.
+#[cfg(feature = "mpi")]
+pub fn init(opts: Options) -> Result<MpiComm, MpiError> {
+    backend::init(opts).map(MpiComm::new)
+}
 
 #[cfg(not(feature = "mpi"))]
 mod stand_in;
