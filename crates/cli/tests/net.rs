@@ -294,11 +294,17 @@ fn testbed_traffic_crosses_the_limited_links() {
         return;
     };
     let (bytes, iters) = (4 << 20, 3);
-    for (algo, compress) in [("flat", false), ("two-level", false), ("two-level", true)] {
+    let runs = [
+        ("flat", None),
+        ("two-level", None),
+        ("two-level", Some("all-to-all")),
+        ("flat", Some("all-to-all:fp8")),
+    ];
+    for (algo, compress) in runs {
         let before = bed.sent();
         let mut args = bench_args(bytes, algo, iters);
-        if compress {
-            args.extend(["--compress".into(), "all-to-all".into()]);
+        if let Some(c) = compress {
+            args.extend(["--compress".into(), c.into()]);
         }
         let out = ok(
             &run(
@@ -311,14 +317,15 @@ fn testbed_traffic_crosses_the_limited_links() {
         let after = bed.sent();
         let r = &rows(&out)[0];
         // 4 ranks, 2 per host: each rank sends half its operand to the other host (as
-        // bf16 when compressing: half the bytes).
+        // bf16, half the bytes; as fp8, one byte per element and a 4-byte scale per 128).
         let per_call = r["inter_host_bytes_per_call"].as_f64().unwrap();
         let f32_bytes = (4 * bytes / 2) as f64;
-        assert_eq!(
-            per_call,
-            f32_bytes / if compress { 2.0 } else { 1.0 },
-            "{r}"
-        );
+        let ratio = match compress {
+            None => 1.0,
+            Some("all-to-all") => 0.5,
+            _ => (128.0 + 4.0) / 512.0,
+        };
+        assert_eq!(per_call, f32_bytes * ratio, "{r}");
         let messages = r["inter_host_messages_per_call"].as_f64().unwrap();
         assert_eq!(messages, if algo == "flat" { 8.0 } else { 2.0 }, "{r}");
         // Warm-up and timed calls, each host sending half of them; the links also carry
@@ -331,7 +338,7 @@ fn testbed_traffic_crosses_the_limited_links() {
                 "{algo}: host {h} sent {sent} bytes on its link for {payload} bytes of payload"
             );
         }
-        // 4 MiB leave each host per call (2 MiB compressed): at 400 Mbit/s, 84 ms (42 ms).
+        // 4 MiB leave each host per call (2 MiB as bf16): at 400 Mbit/s, 84 ms (42 ms).
         let floor = per_call / 2.0 * 8.0 / 400e6;
         let t = r["seconds"].as_f64().unwrap();
         assert!(

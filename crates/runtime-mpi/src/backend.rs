@@ -5,7 +5,7 @@
 //! spans hosts runs [`crate::two_level`] instead when asked. Messages to ranks on other hosts
 //! are counted ([`Traffic`]).
 
-use crate::compress::{narrow, widen, Compress};
+use crate::compress::{self, narrow, widen, Compress};
 use crate::hosts::{assign_hosts, AllToAllAlgo, HostId, TwoLevel};
 use crate::{MpiError, Options, Traffic};
 use ir::{Collective, CollectiveKind, Mesh, Op};
@@ -508,6 +508,8 @@ impl Communicator for Core {
         let Collective { kind, axes } = op
             .as_collective()
             .ok_or_else(|| fail("not a collective".into()))?;
+        let mesh_axes: Vec<&str> = mesh.axes.iter().map(|a| a.name.as_str()).collect();
+        self.compress.check_axes(&mesh_axes).map_err(fail)?;
         let x = local.remove(0);
         let ty = x.ty.clone();
         let shape = ty.shape.clone();
@@ -529,7 +531,11 @@ impl Communicator for Core {
             .guard(format!("{} at instruction %{index}", op.name()));
         let out = match kind {
             CollectiveKind::AllReduce { op: red }
-                if self.compress.all_reduce && ty.dtype == ir::DType::F32 =>
+                if ty.dtype == ir::DType::F32
+                    && self
+                        .compress
+                        .codec(compress::Kind::AllReduce, axes)
+                        .is_some() =>
             {
                 // The same reduce-scatter and all-gather with bf16 payloads.
                 let n = x.data.len();
@@ -637,13 +643,17 @@ impl Communicator for Core {
                 os[*concat_dim] *= k;
                 let counts = vec![piece; k];
                 let two_level = self.all_to_all == AllToAllAlgo::TwoLevel && g.plan.helps();
-                let bf16 = self.compress.all_to_all && ty.dtype == ir::DType::F32;
-                let out = if two_level || bf16 {
-                    // Raw bytes in (bf16 when compressing), blocks placed afterwards.
-                    let (wire, wp) = if bf16 {
-                        (Cow::Owned(narrow(&send)), piece / 2)
-                    } else {
-                        (send, piece)
+                let codec = (ty.dtype == ir::DType::F32)
+                    .then(|| self.compress.codec(compress::Kind::AllToAll, axes))
+                    .flatten();
+                let out = if two_level || codec.is_some() {
+                    // Raw bytes in (encoded when compressing), blocks placed afterwards.
+                    let (wire, wp) = match codec {
+                        Some(codec) => (
+                            Cow::Owned(compress::encode(codec, &send, k)),
+                            compress::wire_len(codec, piece / 4),
+                        ),
+                        None => (send, piece),
                     };
                     let got = if two_level {
                         crate::two_level::all_to_all(c, &g.plan, r, &wire, wp, traffic)
@@ -651,7 +661,10 @@ impl Communicator for Core {
                         note(traffic, &vec![wp; k]);
                         exchange(c, &wire, &vec![wp; k], &vec![wp; k]).map_err(fail)?
                     };
-                    let got = if bf16 { widen(&got) } else { got };
+                    let got = match codec {
+                        Some(codec) => compress::decode(codec, &got, k, piece / 4),
+                        None => got,
+                    };
                     place_blocks(&got, (piece, k), ty.dtype, &bs, &os, *concat_dim)
                 } else if outermost(&bs, *concat_dim) {
                     note(traffic, &counts);

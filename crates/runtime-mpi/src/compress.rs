@@ -1,31 +1,166 @@
-//! Opt-in compression of f32 payloads on the wire: bf16 (round to nearest even), widened
-//! back to f32 on arrival. Half the bytes, at a stated cost in accuracy:
+//! Opt-in compression of f32 payloads on the wire, per collective kind and mesh axis
+//! ([`Compress`], from `--compress all-to-all:fp8@expert,all-reduce`):
 //!
-//! - all-to-all (MoE dispatch and combine): each element arrives with a relative error of
-//!   at most 2^-8 (bf16 keeps 8 significant bits), exactly 0 for values bf16 holds;
-//! - all-reduce (gradient sums): the k operands are rounded to bf16, summed in rank order
-//!   in f64 and rounded to f32 (as uncompressed), and the sum is rounded to bf16 for the
-//!   all-gather, so every element of the result is within [`ALL_REDUCE_BOUND`] · Σ|x_i| of
-//!   the exact sum (x_i: the operands' elements), and every rank holds the same result.
+//! - **bf16** (round to nearest even, widened back on arrival), for all-to-alls and
+//!   all-reduces: half the bytes. An all-to-all element arrives within a relative
+//!   [`ALL_TO_ALL_BOUND`] = 2^-8 (bf16 keeps 8 significant bits), exactly for values bf16
+//!   holds. An all-reduce rounds the k operands to bf16, sums them in rank order in f64,
+//!   rounds to f32 (as uncompressed) and the sum to bf16 for the all-gather: every element is
+//!   within [`ALL_REDUCE_BOUND`] · Σ|x_i| of the exact sum, the same on every rank. bf16 has
+//!   f32's exponent range, so nothing overflows; NaN stays NaN.
+//! - **fp8** (OCP e4m3: 4 exponent bits, 3 mantissa bits, largest 448, no infinities), for
+//!   all-to-alls only, with one f32 scale per block of [`FP8_BLOCK`] elements: the block is
+//!   divided by `s = amax / 448` (amax: its largest finite magnitude) and each quotient
+//!   rounded to nearest even e4m3. About a quarter of the bytes (4 + 128 bytes per 512).
+//!   Each element arrives within `FP8_RELATIVE · |x| + FP8_OF_AMAX · amax` of `x`: 3
+//!   mantissa bits give 2^-4 relative on the normal range, the subnormal step 2^-9 of e4m3
+//!   bounds the rest by 2^-10 · s, and the two f32 operations (divide, multiply back) add
+//!   2^-23 relative. Non-finite elements (±inf, NaN) arrive as NaN. Gradient sums keep
+//!   bf16: 3 bits would cost them more than the bytes save.
 //!
-//! Values outside bf16's range keep f32's: bf16 has f32's exponent range, so nothing
-//! overflows; NaN stays NaN.
+//! Blocks never straddle the pieces of an all-to-all (one per destination): each piece is
+//! encoded alone, so the receiver decodes it without its neighbours.
 
 use half::bf16;
+use std::fmt;
 
-/// The relative error bound of a compressed all-to-all: bf16's unit roundoff.
+/// The relative error bound of a bf16 all-to-all: bf16's unit roundoff.
 pub const ALL_TO_ALL_BOUND: f64 = 1.0 / 256.0;
 
-/// The bound of a compressed all-reduce, relative to Σ|x_i|: two bf16 roundings (the
-/// operands, then the sum, which is at most (1 + 2^-8) Σ|x_i| after the first) and one f32
-/// rounding, 2^-8 + 2^-8 (1 + 2^-8) + 2^-24 (1 + 2^-8)^2, rounded up.
+/// The bound of a bf16 all-reduce, relative to Σ|x_i|: two bf16 roundings (the operands,
+/// then the sum, which is at most (1 + 2^-8) Σ|x_i| after the first) and one f32 rounding,
+/// 2^-8 + 2^-8 (1 + 2^-8) + 2^-24 (1 + 2^-8)^2, rounded up.
 pub const ALL_REDUCE_BOUND: f64 = 2.0 / 256.0 + 1.0 / 65536.0 + 1.0 / 8_388_608.0;
 
-/// Which collective kinds send f32 payloads as bf16.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Elements per fp8 scale.
+pub const FP8_BLOCK: usize = 128;
+
+/// fp8's error bound relative to the element: e4m3's unit roundoff 2^-4 and two f32
+/// roundings.
+pub const FP8_RELATIVE: f64 = 1.0 / 16.0 + 1.0 / 8_388_608.0;
+
+/// fp8's error bound relative to the block's largest magnitude: half of e4m3's subnormal
+/// step, 2^-10, times the scale amax / 448 (rounded up).
+pub const FP8_OF_AMAX: f64 = 1.0 / 1024.0 / 447.0;
+
+/// The largest finite e4m3 value.
+const E4M3_MAX: f32 = 448.0;
+
+/// How an f32 payload travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Bf16,
+    Fp8,
+}
+
+/// A collective kind that compression applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    AllToAll,
+    AllReduce,
+}
+
+/// Compress `kind`'s f32 payloads with `codec`, on collectives over `axis` (any when `None`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub kind: Kind,
+    pub codec: Codec,
+    pub axis: Option<String>,
+}
+
+/// Which collectives send their f32 payloads compressed: the first [`Rule`] that applies.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Compress {
-    pub all_to_all: bool,
-    pub all_reduce: bool,
+    pub rules: Vec<Rule>,
+}
+
+impl Compress {
+    /// Parse `--compress` items: `KIND[:CODEC][@AXIS]`, KIND `all-to-all` or `all-reduce`,
+    /// CODEC `bf16` (default) or `fp8` (all-to-all only).
+    pub fn parse<S: AsRef<str>>(items: &[S]) -> Result<Compress, String> {
+        let mut rules = Vec::new();
+        for item in items {
+            let item = item.as_ref().trim();
+            let (rest, axis) = match item.split_once('@') {
+                Some((r, a)) if !a.is_empty() => (r, Some(a.to_string())),
+                Some(_) => {
+                    return Err(format!(
+                        "--compress {item}: `@` needs a mesh axis after it, e.g. all-to-all@expert"
+                    ))
+                }
+                None => (item, None),
+            };
+            let (kind, codec) = rest.split_once(':').unwrap_or((rest, "bf16"));
+            let kind = match kind {
+                "all-to-all" => Kind::AllToAll,
+                "all-reduce" => Kind::AllReduce,
+                _ => return Err(format!(
+                    "--compress {item}: `{kind}` is not a compressible collective; use all-to-all or all-reduce (e.g. all-to-all:fp8@expert)"
+                )),
+            };
+            let codec = match codec {
+                "bf16" => Codec::Bf16,
+                "fp8" => Codec::Fp8,
+                _ => {
+                    return Err(format!(
+                        "--compress {item}: codec `{codec}` is unknown; use bf16 or fp8"
+                    ))
+                }
+            };
+            if (kind, codec) == (Kind::AllReduce, Codec::Fp8) {
+                return Err(format!(
+                    "--compress {item}: fp8 applies to all-to-alls only (gradient sums keep bf16); use all-reduce or all-to-all:fp8"
+                ));
+            }
+            rules.push(Rule { kind, codec, axis });
+        }
+        Ok(Compress { rules })
+    }
+
+    /// The codec of a `kind` collective over `axes`, if one applies.
+    pub fn codec(&self, kind: Kind, axes: &[String]) -> Option<Codec> {
+        self.rules
+            .iter()
+            .find(|r| r.kind == kind && r.axis.as_ref().is_none_or(|a| axes.contains(a)))
+            .map(|r| r.codec)
+    }
+
+    /// An error naming a rule's axis that `mesh_axes` lacks.
+    pub fn check_axes<S: AsRef<str>>(&self, mesh_axes: &[S]) -> Result<(), String> {
+        for r in &self.rules {
+            if let Some(a) = &r.axis {
+                if !mesh_axes.iter().any(|m| m.as_ref() == a) {
+                    let names: Vec<&str> = mesh_axes.iter().map(|m| m.as_ref()).collect();
+                    return Err(format!(
+                        "--compress {r}: the mesh has no axis `{a}`; use one of {}",
+                        names.join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether nothing is compressed.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.kind {
+            Kind::AllToAll => "all-to-all",
+            Kind::AllReduce => "all-reduce",
+        })?;
+        if self.codec == Codec::Fp8 {
+            f.write_str(":fp8")?;
+        }
+        if let Some(a) = &self.axis {
+            write!(f, "@{a}")?;
+        }
+        Ok(())
+    }
 }
 
 /// f32 values (little-endian bytes) as bf16 bytes, half as many.
@@ -49,6 +184,130 @@ pub fn widen(bf16_bytes: &[u8]) -> Vec<u8> {
                 .to_le_bytes()
         })
         .collect()
+}
+
+/// Wire bytes of a piece of `n` f32 elements under `codec`.
+pub fn wire_len(codec: Codec, n: usize) -> usize {
+    match codec {
+        Codec::Bf16 => 2 * n,
+        Codec::Fp8 => n + 4 * n.div_ceil(FP8_BLOCK),
+    }
+}
+
+/// `f32_bytes` cut into `pieces` equal pieces, each encoded alone, back to back.
+pub fn encode(codec: Codec, f32_bytes: &[u8], pieces: usize) -> Vec<u8> {
+    match codec {
+        Codec::Bf16 => narrow(f32_bytes),
+        Codec::Fp8 => {
+            let n = f32_bytes.len() / 4 / pieces.max(1);
+            let mut out = Vec::with_capacity(wire_len(codec, n) * pieces);
+            for p in f32_bytes.chunks_exact(4 * n.max(1)).take(pieces) {
+                fp8_encode_piece(p, &mut out);
+            }
+            out
+        }
+    }
+}
+
+/// The inverse of [`encode`]: `pieces` pieces of `n` f32 elements each, as f32 bytes.
+pub fn decode(codec: Codec, wire: &[u8], pieces: usize, n: usize) -> Vec<u8> {
+    match codec {
+        Codec::Bf16 => widen(wire),
+        Codec::Fp8 => {
+            let w = wire_len(codec, n);
+            let mut out = Vec::with_capacity(4 * n * pieces);
+            for p in 0..pieces {
+                fp8_decode_piece(&wire[p * w..(p + 1) * w], n, &mut out);
+            }
+            out
+        }
+    }
+}
+
+/// One piece: its scales (f32, one per block), then its codes (one byte per element).
+fn fp8_encode_piece(f32_bytes: &[u8], out: &mut Vec<u8>) {
+    let x: Vec<f32> = f32_bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let scales: Vec<f32> = x
+        .chunks(FP8_BLOCK)
+        .map(|b| {
+            let amax = b
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold(0f32, |m, v| m.max(v.abs()));
+            amax / E4M3_MAX
+        })
+        .collect();
+    for s in &scales {
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    for (b, &s) in x.chunks(FP8_BLOCK).zip(&scales) {
+        out.extend(b.iter().map(|&v| {
+            if !v.is_finite() {
+                E4M3_NAN
+            } else if s == 0.0 {
+                0
+            } else {
+                e4m3_from(v / s)
+            }
+        }));
+    }
+}
+
+fn fp8_decode_piece(wire: &[u8], n: usize, out: &mut Vec<u8>) {
+    let blocks = n.div_ceil(FP8_BLOCK);
+    let (scales, codes) = wire.split_at(4 * blocks);
+    for (i, &c) in codes[..n].iter().enumerate() {
+        let s = &scales[4 * (i / FP8_BLOCK)..];
+        let s = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+        out.extend_from_slice(&(e4m3_to(c) * s).to_le_bytes());
+    }
+}
+
+/// e4m3's NaN (S.1111.111).
+const E4M3_NAN: u8 = 0x7f;
+
+/// The e4m3 code nearest `y` (ties to even), saturating at ±448; `y` finite.
+fn e4m3_from(y: f32) -> u8 {
+    let sign = if y.is_sign_negative() { 0x80 } else { 0 };
+    let a = y.abs().min(E4M3_MAX);
+    if a < 2f32.powi(-6) {
+        // Subnormals m · 2^-9 (m = 0..7); m = 8 is the smallest normal, code 0x08.
+        return sign | (a * 512.0).round_ties_even() as u8;
+    }
+    let bits = a.to_bits();
+    let exp = ((bits >> 23) & 0xff) as i32 - 127; // -6..=8
+    let mant = bits & 0x7f_ffff;
+    let (mut m, rest) = (mant >> 20, mant & 0xf_ffff);
+    let half = 0x8_0000;
+    if rest > half || (rest == half && m & 1 == 1) {
+        m += 1;
+    }
+    let mut e = exp + 7;
+    if m == 8 {
+        m = 0;
+        e += 1;
+    }
+    sign | ((e as u8) << 3) | m as u8
+}
+
+/// The value of e4m3 code `c`.
+fn e4m3_to(c: u8) -> f32 {
+    let (e, m) = (((c >> 3) & 0xf) as i32, (c & 7) as f32);
+    let v = if c & 0x7f == E4M3_NAN {
+        f32::NAN
+    } else if e == 0 {
+        m * 2f32.powi(-9)
+    } else {
+        (1.0 + m / 8.0) * 2f32.powi(e - 7)
+    };
+    if c & 0x80 != 0 {
+        -v
+    } else {
+        v
+    }
 }
 
 #[cfg(test)]
@@ -124,5 +383,120 @@ mod tests {
         }
         assert!(worst <= ALL_REDUCE_BOUND, "{worst}");
         assert!(worst > ALL_TO_ALL_BOUND / 4.0, "{worst}");
+    }
+
+    #[test]
+    fn every_e4m3_code_decodes_and_encodes_back() {
+        for c in 0u8..=255 {
+            let v = e4m3_to(c);
+            if c & 0x7f == E4M3_NAN {
+                assert!(v.is_nan());
+                continue;
+            }
+            assert_eq!(e4m3_from(v), c, "code {c:#04x} = {v}");
+        }
+        assert_eq!(e4m3_to(0x7e), 448.0);
+        assert_eq!(e4m3_to(0x01), 2f32.powi(-9));
+    }
+
+    #[test]
+    fn e4m3_rounds_to_the_nearest_code() {
+        let codes: Vec<f32> = (0u8..=255)
+            .filter(|c| c & 0x7f != E4M3_NAN)
+            .map(e4m3_to)
+            .collect();
+        for (i, y) in sample(20_000, 7).into_iter().enumerate() {
+            let y = (y * 64.0).clamp(-448.0, 448.0) * if i % 3 == 0 { 1e-3 } else { 1.0 };
+            let got = e4m3_to(e4m3_from(y));
+            let best = codes
+                .iter()
+                .map(|&v| (v - y).abs())
+                .fold(f32::INFINITY, f32::min);
+            assert_eq!((got - y).abs(), best, "{y}: got {got}");
+        }
+    }
+
+    #[test]
+    fn fp8_quarters_the_bytes_within_its_bound() {
+        // Pieces of 300 elements: blocks of 128, 128 and 44, none across a piece's end.
+        let (pieces, n) = (4, 300);
+        let x = sample(pieces * n, 3);
+        let wire = encode(Codec::Fp8, &bytes(&x), pieces);
+        assert_eq!(wire.len(), pieces * wire_len(Codec::Fp8, n));
+        assert_eq!(wire_len(Codec::Fp8, 512), 512 + 16);
+        let y = values(&decode(Codec::Fp8, &wire, pieces, n));
+        let mut worst_rel: f64 = 0.0;
+        for (p, (xs, ys)) in x.chunks(n).zip(y.chunks(n)).enumerate() {
+            // Each piece decodes alone, as the receiver of that piece does.
+            let alone = values(&decode(
+                Codec::Fp8,
+                &encode(Codec::Fp8, &bytes(xs), 1),
+                1,
+                n,
+            ));
+            assert_eq!(alone, ys, "piece {p}");
+            for (xb, yb) in xs.chunks(FP8_BLOCK).zip(ys.chunks(FP8_BLOCK)) {
+                let amax = xb.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+                for (&a, &b) in xb.iter().zip(yb) {
+                    let (a, b) = (a as f64, b as f64);
+                    let err = (a - b).abs();
+                    assert!(
+                        err <= FP8_RELATIVE * a.abs() + FP8_OF_AMAX * amax,
+                        "{a} -> {b}"
+                    );
+                    if a.abs() > amax / 16.0 {
+                        worst_rel = worst_rel.max(err / a.abs());
+                    }
+                }
+            }
+        }
+        // The bound is tight: some element needs most of its relative part.
+        assert!(worst_rel > FP8_RELATIVE / 2.0, "{worst_rel}");
+        // Zeros, a zero block, and non-finite elements (NaN on arrival).
+        let odd = [0.0f32, -0.0, 1.0, f32::INFINITY, f32::NAN, -3.0];
+        let back = values(&decode(
+            Codec::Fp8,
+            &encode(Codec::Fp8, &bytes(&odd), 1),
+            1,
+            6,
+        ));
+        assert_eq!(back[0].to_bits(), 0f32.to_bits());
+        assert_eq!(back[1].to_bits(), (-0f32).to_bits());
+        // 1.0 is 149.3 scaled (amax 3 -> 448): e4m3's nearest is 144, 0.964 back.
+        assert!((back[2] - 1.0).abs() as f64 <= FP8_RELATIVE + 3.0 * FP8_OF_AMAX);
+        assert!(back[3].is_nan() && back[4].is_nan());
+        assert!((back[5] + 3.0).abs() < 1e-6, "{}", back[5]);
+        let zeros = values(&decode(
+            Codec::Fp8,
+            &encode(Codec::Fp8, &bytes(&[0.0; 5]), 1),
+            1,
+            5,
+        ));
+        assert_eq!(zeros, [0.0; 5]);
+    }
+
+    #[test]
+    fn compress_items_parse_or_say_what_to_write() {
+        let c = Compress::parse(&["all-to-all:fp8@expert", "all-reduce"]).unwrap();
+        let ax = |a: &str| vec![a.to_string()];
+        assert_eq!(c.codec(Kind::AllToAll, &ax("expert")), Some(Codec::Fp8));
+        assert_eq!(c.codec(Kind::AllToAll, &ax("data")), None);
+        assert_eq!(c.codec(Kind::AllReduce, &ax("data")), Some(Codec::Bf16));
+        assert!(c.check_axes(&["data", "expert"]).is_ok());
+        let e = c.check_axes(&["data", "model"]).unwrap_err();
+        assert!(
+            e.contains("no axis `expert`") && e.contains("data, model"),
+            "{e}"
+        );
+        assert_eq!(c.rules[0].to_string(), "all-to-all:fp8@expert");
+        for (bad, says) in [
+            ("all-reduce:fp8", "all-to-alls only"),
+            ("all-gather", "use all-to-all or all-reduce"),
+            ("all-to-all:int4", "use bf16 or fp8"),
+            ("all-to-all@", "needs a mesh axis"),
+        ] {
+            let e = Compress::parse(&[bad]).unwrap_err();
+            assert!(e.contains(says) && e.contains(bad), "{bad}: {e}");
+        }
     }
 }

@@ -23,8 +23,9 @@
 //! ([`AllToAllAlgo::TwoLevel`], schedule in [`hosts`]): one message per pair of hosts
 //! instead of one per pair of ranks, with the same result bit for bit. Hosts are the ranks'
 //! processor names, or [`HostLayout::Blocks`]. [`Traffic`] counts what crossed hosts.
-//! [`Compress`] opts all-to-alls and all-reduces of f32 into bf16 payloads (half the bytes,
-//! within the error bounds stated in [`compress`]).
+//! [`Compress`] opts all-to-alls into bf16 or fp8 payloads and all-reduces into bf16, per
+//! mesh axis (half or a quarter of the bytes, within the error bounds stated in
+//! [`compress`]).
 //!
 //! Without the `mpi` cargo feature this crate builds a stand-in whose [`init`] returns an
 //! error that says how to build an MPI-enabled binary, so the workspace builds and tests on
@@ -73,7 +74,7 @@ pub struct Options {
     pub all_to_all: AllToAllAlgo,
     /// Which ranks share a host.
     pub hosts: HostLayout,
-    /// Which collective kinds send f32 payloads as bf16 ([`compress`]).
+    /// Which collectives send f32 payloads compressed ([`compress`]).
     pub compress: Compress,
 }
 

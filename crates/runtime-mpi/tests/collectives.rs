@@ -1,7 +1,7 @@
 //! Every collective kind over MPI equals the in-process communicator bit for bit: runs the
 //! `gshard-mpi-check` binary under `mpirun -np 4` (see its doc), with flat all-to-alls and
-//! with two-level ones over 2 declared hosts, and with bf16 payloads within their stated
-//! error bounds. Without the `mpi` feature it prints a notice
+//! with two-level ones over 2 declared hosts, and with bf16 and fp8 payloads within their
+//! stated error bounds. Without the `mpi` feature it prints a notice
 //! and passes, unless `GSHARD_REQUIRE_MPI=1` (as in `.ci/run`).
 
 /// Runs the check under `mpirun -np 4` with `args`; asserts it finds no mismatch and
@@ -65,6 +65,17 @@ fn compressed_collectives_stay_within_their_bounds() {
         "2",
     ]);
     // The operands are not all bf16 values: compression must have changed some results.
+    let inexact: usize = out
+        .split("checked; ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .map_or(1, |n| n.parse().unwrap());
+    assert!(inexact > 0, "{out}");
+}
+
+#[test]
+fn fp8_all_to_alls_stay_within_their_bound() {
+    let out = check(&["--compress", "all-to-all:fp8@a,all-reduce@b"]);
     let inexact: usize = out
         .split("checked; ")
         .nth(1)

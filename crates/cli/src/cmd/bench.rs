@@ -2,7 +2,7 @@
 //!
 //! `moe-layer`: the step time of one GShard MoE layer with its gradients (the program of
 //! `gshard export moe-layer`, same flags) on `--devices N` in this process (mesh `expert=N`),
-//! run by the executor: median forward+backward seconds after warm-up, GFLOP/s (FLOPs of the
+//! or one device per rank with `--backend mpi`, run by the executor: median forward+backward seconds after warm-up, GFLOP/s (FLOPs of the
 //! layer's einsums counting the one-hot dispatch/combine as dense, x3 for fwd+bwd, as the JAX
 //! harness's `moe_flops`), peak bytes per device, collective bytes (measured and analytic),
 //! and the time to propagate + partition + prepare the executor. `--profile FILE` writes a
@@ -129,6 +129,10 @@ pub struct MoeBenchArgs {
     /// executor's start/wait and the communication thread).
     #[arg(long)]
     blocking: bool,
+    /// Where the devices run: with `--backend mpi` one per rank (the rank count replaces
+    /// `--devices`); rank 0 prints its own device's times.
+    #[command(flatten)]
+    backend: crate::backend::BackendArgs,
 }
 
 /// The outputs of the benchmarked MoE program.
@@ -534,8 +538,21 @@ fn lower(x: Option<f64>, y: Option<f64>) -> Option<f64> {
 }
 
 fn moe_layer(a: MoeBenchArgs) -> Result<()> {
+    let b = a.backend.clone();
+    crate::backend::with_backend(&b, |mpi| moe_layer_on(a, mpi))
+}
+
+fn moe_layer_on(a: MoeBenchArgs, mpi: crate::backend::Mpi) -> Result<()> {
+    use runtime::Communicator;
     use std::sync::Arc;
-    let d = a.devices;
+    let overlap = a.layer.overlap > 1 && !a.blocking;
+    let (d, comm): (usize, Arc<dyn Communicator>) = match &mpi {
+        Some(c) => (c.size(), c.clone()),
+        None => (
+            a.devices,
+            Arc::new(runtime::InProcess::new(a.devices).with_comm_thread(overlap)),
+        ),
+    };
     if d == 0 {
         bail!("--devices must be at least 1");
     }
@@ -557,7 +574,6 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
     for _ in 0..a.prepare_reps.max(1) {
         let t = Instant::now();
         let part = spmd::compile(&q).context("partitioning the MoE layer")?;
-        let overlap = a.layer.overlap > 1 && !a.blocking;
         let opts = runtime::ExecOptions::native().with_overlap(overlap);
         let exe = runtime::Executable::with_options(&part.program, opts)?;
         prep.push(t.elapsed().as_secs_f64());
@@ -568,15 +584,18 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         crate::files::write_atomic(path, part.program.to_string().as_bytes())?;
     }
     let global = moe_inputs(&p);
+    let local = comm.local_positions();
     let per_dev: Vec<std::collections::HashMap<String, Arc<runtime::HostTensor>>> =
         driver::shard_inputs(&part, &global)?
             .into_iter()
-            .map(|m| m.into_iter().map(|(k, v)| (k, Arc::new(v))).collect())
+            .enumerate()
+            .filter(|(i, _)| local.contains(i))
+            .map(|(_, m)| m.into_iter().map(|(k, v)| (k, Arc::new(v))).collect())
             .collect();
-    let comm = runtime::InProcess::new(d).with_comm_thread(a.layer.overlap > 1 && !a.blocking);
+    let comm = &*comm;
     // Each step's outputs go back to the executor's buffer pool (an allocator cache).
     for _ in 0..a.warmup {
-        exe.recycle(exe.run_shared(&comm, &per_dev, None)?.outputs);
+        exe.recycle(exe.run_shared(comm, &per_dev, None)?.outputs);
     }
     // The cores' FMA and GEMM rates just before and just after the timed steps (the
     // lowest of each is reported): a shared host's slow spell shows there.
@@ -585,7 +604,7 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
     let mut last = None;
     for _ in 0..a.steps.max(1) {
         let t = Instant::now();
-        let mut r = exe.run_shared(&comm, &per_dev, None)?;
+        let mut r = exe.run_shared(comm, &per_dev, None)?;
         times.push(t.elapsed().as_secs_f64());
         exe.recycle(std::mem::take(&mut r.outputs));
         last = Some(r);
@@ -600,7 +619,7 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
     let flops = 3.0 * moe_flops(g, s, e, m, h, c);
     // One profiled step: per-op totals and the GEMM rate.
     let prof = runtime::Profiler::new();
-    exe.run_shared(&comm, &per_dev, Some(&prof))?;
+    exe.run_shared(comm, &per_dev, Some(&prof))?;
     if let Some(path) = &a.profile {
         crate::files::write_atomic(path, prof.chrome_trace().as_bytes())?;
     }
@@ -619,6 +638,9 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         .iter()
         .find(|x| x.kind == "all_to_all")
         .map_or(0, |x| x.bytes);
+    // Time this device blocked in all-to-alls in the profiled step (a started one's time
+    // in flight is not blocking).
+    let a2a_blocking_seconds = totals.get("all_to_all").map_or(0.0, |t| t.seconds);
     let (groups, fused_ops) = exe.fusion_stats();
     let out = json!({
         "devices": d, "groups": g, "group_size": s, "experts": e, "model_dim": m, "hidden_dim": h,
@@ -641,14 +663,22 @@ fn moe_layer(a: MoeBenchArgs) -> Result<()> {
         "core_fma_gflops": core_fma_gflops,
         "core_gemm_gflops": core_gemm_gflops,
         "core_clock_ghz": core_clock_ghz,
+        "overlap": a.layer.overlap, "overlapped": overlap,
+        "all_to_all_blocking_seconds": a2a_blocking_seconds,
+        "backend": if mpi.is_some() { "mpi" } else { "inprocess" },
+        "all_to_all_algo": a.backend.all_to_all_name(),
+        "compress": a.backend.compress_names(),
     });
+    if !crate::backend::is_root(&mpi) {
+        return Ok(());
+    }
     if a.json {
         println!("{out}");
     } else {
         println!("{}", serde_json::to_string_pretty(&out)?);
         let mut rows: Vec<(String, runtime::profile::OpTotal)> = totals.into_iter().collect();
         rows.sort_by(|x, y| y.1.seconds.total_cmp(&x.1.seconds));
-        println!("profile of one step (sum over devices):");
+        println!("profile of one step (sum over this process's devices):");
         for (name, t) in rows.iter().take(15) {
             println!(
                 "  {name:<24} {:>10} {:>5}x {:>9.2} ms{}",

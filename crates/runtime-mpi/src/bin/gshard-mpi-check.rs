@@ -7,13 +7,16 @@
 //!
 //! `--all-to-all two-level` runs all-to-alls by the two-level schedule, and `--hosts N`
 //! treats the ranks as N hosts (as the `gshard` flags of the same names do). With
-//! `--compress all-to-all,all-reduce` those kinds of f32 collectives are checked against the
-//! error bounds of `runtime_mpi::compress` instead of bit for bit (the summary counts the
+//! `--compress all-to-all,all-reduce` (or `all-to-all:fp8`, as `gshard --compress` takes)
+//! those kinds of f32 collectives are checked against the error bounds of
+//! `runtime_mpi::compress` instead of bit for bit (the summary counts the
 //! results that differ from the exact ones, within the bounds).
 
 use ir::{CollectiveKind, DType, Mesh, Op, ReduceOp, Type};
 use runtime::{Communicator, HostTensor, InProcess};
-use runtime_mpi::compress::{ALL_REDUCE_BOUND, ALL_TO_ALL_BOUND};
+use runtime_mpi::compress::{
+    Codec, Kind, ALL_REDUCE_BOUND, ALL_TO_ALL_BOUND, FP8_OF_AMAX, FP8_RELATIVE,
+};
 
 /// A deterministic operand for `(case, pos)`: small integers (so sums are exact in every
 /// dtype but still order-sensitive through rounding at bf16) and some negative zeros.
@@ -38,15 +41,7 @@ fn options() -> Result<runtime_mpi::Options, String> {
             ("--all-to-all", "flat") => opts.all_to_all = runtime_mpi::AllToAllAlgo::Flat,
             ("--all-to-all", "two-level") => opts.all_to_all = runtime_mpi::AllToAllAlgo::TwoLevel,
             ("--compress", list) => {
-                for kind in list.split(',') {
-                    match kind {
-                        "all-to-all" => opts.compress.all_to_all = true,
-                        "all-reduce" => opts.compress.all_reduce = true,
-                        _ => {
-                            return Err(format!("--compress {kind}: use all-to-all or all-reduce"))
-                        }
-                    }
-                }
+                opts.compress = runtime_mpi::Compress::parse(&list.split(',').collect::<Vec<_>>())?
             }
             ("--hosts", n) => {
                 opts.hosts = runtime_mpi::HostLayout::Blocks(
@@ -67,8 +62,11 @@ fn options() -> Result<runtime_mpi::Options, String> {
 /// How far a compressed result may be from the exact one.
 #[derive(Clone, Copy)]
 enum Bound {
-    /// Relative to each element (all-to-all).
+    /// Relative to each element (bf16 all-to-all).
     Relative,
+    /// Relative to each element plus a share of the largest magnitude sent (fp8
+    /// all-to-all, whose per-block amax is at most the operands' largest).
+    RelativeAndAmax,
     /// Relative to the sum of the operands' magnitudes (all-reduce).
     OfMagnitudes,
 }
@@ -113,6 +111,11 @@ fn main() {
     let mut inexact = 0usize;
     let (mut cases, mut bad) = (0usize, 0usize);
     for mesh in &meshes {
+        // Rules naming an axis are for meshes that have it (others would refuse them).
+        let names: Vec<&str> = mesh.axes.iter().map(|a| a.name.as_str()).collect();
+        if compress.check_axes(&names).is_err() {
+            continue;
+        }
         for axes in axis_sets {
             if !axes.iter().all(|a| mesh.axis_size(a).is_some()) {
                 continue;
@@ -151,12 +154,16 @@ fn main() {
                         let (w, g) = (&want[rank], &got[0]);
                         let kind = op.as_collective().map(|c| &c.kind);
                         let bound = match kind {
-                            Some(CollectiveKind::AllToAll { .. }) if compress.all_to_all => {
-                                Some(Bound::Relative)
+                            Some(CollectiveKind::AllToAll { .. }) => {
+                                match compress.codec(Kind::AllToAll, &axes) {
+                                    Some(Codec::Bf16) => Some(Bound::Relative),
+                                    Some(Codec::Fp8) => Some(Bound::RelativeAndAmax),
+                                    None => None,
+                                }
                             }
-                            Some(CollectiveKind::AllReduce { .. }) if compress.all_reduce => {
-                                Some(Bound::OfMagnitudes)
-                            }
+                            Some(CollectiveKind::AllReduce { .. }) => compress
+                                .codec(Kind::AllReduce, &axes)
+                                .map(|_| Bound::OfMagnitudes),
                             _ => None,
                         }
                         .filter(|_| dtype == DType::F32);
@@ -166,8 +173,12 @@ fn main() {
                             None => false,
                             Some(b) => {
                                 inexact += 1;
+                                let amax = all
+                                    .iter()
+                                    .flat_map(|t| t.to_f64_vec())
+                                    .fold(0f64, |m, v| m.max(v.abs()));
                                 let scale = match b {
-                                    Bound::Relative => w.to_f64_vec(),
+                                    Bound::Relative | Bound::RelativeAndAmax => w.to_f64_vec(),
                                     Bound::OfMagnitudes => {
                                         let abs: Vec<HostTensor> =
                                             all.iter().map(magnitudes).collect();
@@ -177,16 +188,17 @@ fn main() {
                                             .to_f64_vec()
                                     }
                                 };
-                                let k = match b {
-                                    Bound::Relative => ALL_TO_ALL_BOUND,
-                                    Bound::OfMagnitudes => ALL_REDUCE_BOUND,
+                                let (k, floor) = match b {
+                                    Bound::Relative => (ALL_TO_ALL_BOUND, 0.0),
+                                    Bound::RelativeAndAmax => (FP8_RELATIVE, FP8_OF_AMAX * amax),
+                                    Bound::OfMagnitudes => (ALL_REDUCE_BOUND, 0.0),
                                 };
                                 w.ty == g.ty
                                     && w.to_f64_vec()
                                         .iter()
                                         .zip(g.to_f64_vec())
                                         .zip(scale)
-                                        .all(|((a, b), s)| (a - b).abs() <= k * s.abs())
+                                        .all(|((a, b), s)| (a - b).abs() <= k * s.abs() + floor)
                             }
                         };
                         if !ok {
