@@ -839,6 +839,32 @@ fn a_mesh_that_does_not_match_the_ranks_is_refused() {
     );
 }
 
+/// A compression setting on a collective it does not apply to, or over an axis the mesh
+/// lacks, is a one-line error naming the setting.
+#[test]
+fn bad_compression_settings_are_refused() {
+    if !mpi_ready("bad_compression_settings_are_refused") {
+        return;
+    }
+    for (setting, says) in [
+        ("all-reduce:fp8", "fp8 applies to all-to-alls only"),
+        ("all-to-all@expert", "the mesh has no axis `expert`"),
+        ("all-gather", "use all-to-all or all-reduce"),
+    ] {
+        let mut c = mpirun(2);
+        c.args(["bench", "collectives", "--backend", "mpi", "--ops", "all-to-all"])
+            .args(["--bytes", "4096", "--iters", "1", "--compress", setting]);
+        let out = run(c, Duration::from_secs(120), "bench with a bad --compress");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{setting}");
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("error"))
+            .unwrap_or_default();
+        assert!(line.contains(says) && line.contains(setting), "{setting}: {stderr}");
+    }
+}
+
 #[test]
 fn bench_collectives_reports_bandwidth_for_both_backends() {
     let line = gshard(&[
