@@ -852,8 +852,15 @@ fn bad_compression_settings_are_refused() {
         ("all-gather", "use all-to-all or all-reduce"),
     ] {
         let mut c = mpirun(2);
-        c.args(["bench", "collectives", "--backend", "mpi", "--ops", "all-to-all"])
-            .args(["--bytes", "4096", "--iters", "1", "--compress", setting]);
+        c.args([
+            "bench",
+            "collectives",
+            "--backend",
+            "mpi",
+            "--ops",
+            "all-to-all",
+        ])
+        .args(["--bytes", "4096", "--iters", "1", "--compress", setting]);
         let out = run(c, Duration::from_secs(120), "bench with a bad --compress");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{setting}");
@@ -861,7 +868,10 @@ fn bad_compression_settings_are_refused() {
             .lines()
             .find(|l| l.contains("error"))
             .unwrap_or_default();
-        assert!(line.contains(says) && line.contains(setting), "{setting}: {stderr}");
+        assert!(
+            line.contains(says) && line.contains(setting),
+            "{setting}: {stderr}"
+        );
     }
 }
 

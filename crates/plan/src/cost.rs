@@ -47,6 +47,9 @@ pub struct OpCost {
     pub dtype: DType,
     /// A dot's `[batch, m, n, k]`: `batch` products of `m x k` by `k x n`.
     pub gemm: Option<[u64; 4]>,
+    /// Whether it is an MoE layer's expert work (a scope segment `experts`, forward or
+    /// backward): what chunked all-to-alls overlap with.
+    pub expert: bool,
 }
 
 /// One collective of the step.
@@ -61,6 +64,9 @@ pub struct CollectiveCost {
     /// The group's stride over the mesh's device order (the product of the sizes of the
     /// axes after its last one): 1 for the minor axis.
     pub stride: usize,
+    /// The payload's element type (compression applies to f32 payloads).
+    #[serde(skip)]
+    pub dtype: DType,
 }
 
 /// The work of one device's step.
@@ -130,6 +136,7 @@ impl StepCost {
                         group,
                         bytes: ins.op.wire_bytes(operand, group) as u64,
                         stride,
+                        dtype: p.ty(ins.operands[0]).dtype,
                     });
                     continue;
                 }
@@ -156,6 +163,10 @@ impl StepCost {
                 bytes: (read + write) as u64,
                 dtype,
                 gemm: gemm_dims(p, ins),
+                expert: p
+                    .scope(ir::ValueId(i as u32))
+                    .segments()
+                    .any(|seg| seg == "experts"),
             });
         }
         cost

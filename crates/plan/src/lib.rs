@@ -11,6 +11,7 @@
 //! collective kind and mesh axes ([`cost`]); the step time by a roofline and alpha-beta
 //! model over a hardware profile ([`time`], [`hardware`]) with MFU, tokens per second and
 //! days for a token budget; and, when the run does not fit, what would help.
+//! [`comm`] predicts the step under each communication option of the MPI backend.
 //! [`search`] plans every layout of a config on a device count and ranks those that fit a
 //! memory limit; [`probe`] measures this machine through the executor for `this-cpu`.
 //!
@@ -18,6 +19,7 @@
 //! rematerialisation) belong to the run config: whatever the step program builds from the
 //! config is what is planned.
 
+pub mod comm;
 pub mod cost;
 pub mod hardware;
 pub mod presets;
@@ -123,6 +125,8 @@ pub struct Report {
     pub collective_bytes: Vec<CollectiveTotal>,
     pub step_seconds: f64,
     pub time: time::StepTime,
+    /// The step under each communication option (compression, overlap, two-level).
+    pub comm_options: Vec<comm::CommOption>,
     /// The largest part of the step.
     pub dominant: String,
     /// Matmul FLOPs over the step time at the model dtype's peak (every device's FLOPs
@@ -266,6 +270,7 @@ pub fn plan(cfg: &TrainConfig, opts: &PlanOptions) -> Result<Report, PlanError> 
         collective_bytes: cost.collective_totals(),
         step_seconds: t.step_seconds,
         dominant: t.dominant().0,
+        comm_options: comm::options(&cost, hw, devices, &t),
         time: t,
         mfu,
         tokens_per_step,

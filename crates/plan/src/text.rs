@@ -129,6 +129,30 @@ pub fn render(r: &Report) -> String {
         let share = 100.0 * s / r.step_seconds.max(1e-300);
         let _ = writeln!(o, "  {name:<28} {:>10}  {share:5.1}%", seconds(s));
     }
+    if r.comm_options.len() > 1 && r.time.collective_seconds > 0.0 {
+        let _ = writeln!(
+            o,
+            "communication options (MPI backend), predicted step | all-to-all | all-reduce | hidden:"
+        );
+        let base = r.comm_options[0].step_seconds.max(1e-300);
+        for c in &r.comm_options {
+            let _ = writeln!(
+                o,
+                "  {:<34} {:>9} ({:>5.2}x) | {:>9} | {:>9} | {:>9}{}",
+                c.option,
+                seconds(c.step_seconds),
+                base / c.step_seconds.max(1e-300),
+                seconds(c.all_to_all_seconds),
+                seconds(c.all_reduce_seconds),
+                seconds(c.hidden_seconds),
+                if c.note.is_empty() {
+                    String::new()
+                } else {
+                    format!("\n      {}", c.note)
+                }
+            );
+        }
+    }
     let _ = writeln!(
         o,
         "MFU {:.1}%, {} tokens/step, {}tokens/s, {:.1} days for {}tokens",

@@ -45,6 +45,8 @@ pub struct StepTime {
     pub compute: BTreeMap<&'static str, f64>,
     /// Seconds per collective kind and axes (`all_to_all[expert]`).
     pub collectives: BTreeMap<String, f64>,
+    /// Compute seconds of MoE expert work (part of `compute_seconds`).
+    pub expert_seconds: f64,
 }
 
 impl StepTime {
@@ -79,6 +81,9 @@ pub fn step_time(cost: &StepCost, hw: &Hardware, devices: usize) -> StepTime {
         let s = copies * flops.max(bytes);
         *t.compute.entry(o.family.name()).or_insert(0.0) += s;
         t.compute_seconds += s;
+        if o.expert {
+            t.expert_seconds += s;
+        }
     }
     // Every device pays each step's fixed time; in-process devices run their steps one
     // after another on one of the shared threads each.

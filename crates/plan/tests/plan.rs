@@ -120,3 +120,41 @@ fn mfu_of_in_process_devices_counts_every_devices_matmuls() {
     let ratio = eight.mfu / one.mfu;
     assert!((0.5..=2.0).contains(&ratio), "{} vs {}", eight.mfu, one.mfu);
 }
+
+/// The communication options: compression scales only the bandwidth part of the f32
+/// all-to-alls (bf16 at most halves them, fp8 cuts more), overlap hides at most the smaller
+/// of the all-to-alls and the expert work, and two-level needs islands to change anything.
+#[test]
+fn communication_options_follow_their_bytes_and_the_overlap_bound() {
+    let cfg = train::config::TrainConfig::default();
+    let r = plan(&cfg, &tpu()).unwrap();
+    let row = |name: &str| {
+        r.comm_options
+            .iter()
+            .find(|c| c.option.starts_with(name))
+            .unwrap_or_else(|| panic!("{name}: {:?}", r.comm_options))
+    };
+    let base = row("as planned");
+    assert!((base.step_seconds - r.step_seconds).abs() <= 1e-9 * r.step_seconds);
+    assert!(base.all_to_all_seconds > 0.0, "{base:?}");
+    let (bf16, fp8) = (row("all-to-all bf16"), row("all-to-all fp8"));
+    assert!(bf16.all_to_all_seconds < base.all_to_all_seconds);
+    assert!(bf16.all_to_all_seconds >= base.all_to_all_seconds / 2.0);
+    assert!(fp8.all_to_all_seconds < bf16.all_to_all_seconds);
+    assert!(row("all-reduce bf16").all_reduce_seconds < base.all_reduce_seconds);
+    let rest = base.step_seconds - base.all_to_all_seconds - base.all_reduce_seconds;
+    for k in [2.0, 4.0] {
+        let o = row(&format!("overlap {k}"));
+        assert!(o.hidden_seconds > 0.0, "{o:?}");
+        assert!(o.hidden_seconds <= o.all_to_all_seconds * (k - 1.0) / k + 1e-12);
+        assert!(o.hidden_seconds <= r.time.expert_seconds * (k - 1.0) / k + 1e-12);
+        let want = rest + o.all_to_all_seconds + o.all_reduce_seconds - o.hidden_seconds;
+        assert!((o.step_seconds - want).abs() <= 1e-9 * want, "{o:?}");
+    }
+    assert!(row("two-level").note.contains("no islands"));
+    // On islands of 8 GPUs the 8 devices share one island: nothing to combine.
+    let h100 = PlanOptions::new(Hardware::built_in("h100-80gb").unwrap(), "test");
+    let r = plan(&cfg, &h100).unwrap();
+    let two = r.comm_options.last().unwrap();
+    assert!(two.note.contains("one island"), "{two:?}");
+}
