@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The MoE layer's step time on the multi-host test bed (scripts/testbed), one row per
+# communication option: flat, chunked (blocking), overlapped, bf16 / fp8 all-to-alls,
+# two-level, and a combination; for 2 hosts x 1 rank and 2 hosts x 2 ranks at RATE.
+# Root only (network namespaces). Prints a Markdown table and appends the JSON lines to
+# bench/results/testbed_moe.jsonl.
+#
+#   bench/testbed_moe.sh                       # RATE=1gbit STEPS=9 LAYOUTS="1 2"
+#
+# The layer: 32 groups of 32 tokens, 4 experts, model dim 2048, hidden dim 32, capacity 16:
+# little compute per byte, so that the link matters on a 2-core machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RATE=${RATE:-1gbit}
+STEPS=${STEPS:-9}
+LAYOUTS=${LAYOUTS:-"1 2"}
+OUT=bench/results/testbed_moe.jsonl
+cargo build --release -p cli --features mpi >&2
+B=target/release/gshard
+scripts/testbed up --hosts 2 --rate "$RATE" >&2
+trap 'scripts/testbed down >&2' EXIT
+LAYER=(--groups 32 --group-size 32 --experts 4 --model-dim 2048 --hidden-dim 32
+  --capacity-factor 1 --steps "$STEPS" --warmup 2 --prepare-reps 1 --json)
+TMP=$(mktemp)
+for per in $LAYOUTS; do
+  while IFS='|' read -r name args; do
+    # shellcheck disable=SC2086
+    line=$(scripts/testbed mpirun --per-host "$per" -- "$B" bench moe-layer --backend mpi \
+      "${LAYER[@]}" $args 2>/dev/null | tail -1)
+    echo "{\"layout\": \"2x$per\", \"rate\": \"$RATE\", \"row\": \"$name\", \"result\": $line}" | tee -a "$OUT" >>"$TMP"
+  done <<'ROWS'
+flat|--overlap 1
+chunks 2, blocking|--overlap 2 --blocking
+overlap 2|--overlap 2
+chunks 4, blocking|--overlap 4 --blocking
+overlap 4|--overlap 4
+all-to-all bf16|--compress all-to-all
+all-to-all fp8|--compress all-to-all:fp8
+two-level|--all-to-all two-level
+overlap 2 + fp8 + two-level|--overlap 2 --compress all-to-all:fp8 --all-to-all two-level
+ROWS
+done
+python3 - "$TMP" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {(r["layout"], r["row"]): r["result"] for r in rows}
+layouts = sorted({r["layout"] for r in rows})
+print("| option | " + " | ".join(f"{l} step | {l} all-to-all (blocking) | {l} vs flat" for l in layouts) + " |")
+print("|---|" + "---|---|---|" * len(layouts))
+names = []
+for r in rows:
+    if r["row"] not in names:
+        names.append(r["row"])
+for n in names:
+    cells = []
+    for l in layouts:
+        r, f = by[(l, n)], by[(l, "flat")]
+        cells += [f"{r['step_seconds']*1e3:.0f} ms", f"{r['all_to_all_blocking_seconds']*1e3:.0f} ms",
+                  f"{f['step_seconds']/r['step_seconds']:.2f}x"]
+    print(f"| {n} | " + " | ".join(cells) + " |")
+for l in layouts:
+    for k in (2, 4):
+        b, o = by[(l, f"chunks {k}, blocking")], by[(l, f"overlap {k}")]
+        a = b["all_to_all_blocking_seconds"]
+        hid = (b["step_seconds"] - o["step_seconds"]) / a if a > 0 else float("nan")
+        print(f"{l}: overlap {k} hides {100*hid:.0f}% of the chunked all-to-alls' "
+              f"{a*1e3:.0f} ms ({b['step_seconds']*1e3:.0f} -> {o['step_seconds']*1e3:.0f} ms)")
+PY
+rm -f "$TMP"
