@@ -7,6 +7,8 @@
 #
 #   bench/testbed_moe.sh                       # RATE=1gbit STEPS=9 LAYOUTS="1 2"
 #
+# GSHARD=path/to/gshard uses that binary (built with --features mpi) instead of building
+# the release one.
 # The layer: 32 groups of 32 tokens, 4 experts, model dim 2048, hidden dim 32, capacity 16:
 # little compute per byte, so that the link matters on a 2-core machine.
 set -euo pipefail
@@ -15,8 +17,8 @@ RATE=${RATE:-1gbit}
 STEPS=${STEPS:-9}
 LAYOUTS=${LAYOUTS:-"1 2"}
 OUT=bench/results/testbed_moe.jsonl
-cargo build --release -p cli --features mpi >&2
-B=target/release/gshard
+B="${GSHARD:-${CARGO_TARGET_DIR:-target}/release/gshard}"
+[ -n "${GSHARD:-}" ] || cargo build --release -p cli --features mpi -q >&2
 scripts/testbed up --hosts 2 --rate "$RATE" >&2
 trap 'scripts/testbed down >&2' EXIT
 LAYER=(--groups 32 --group-size 32 --experts 4 --model-dim 2048 --hidden-dim 32
