@@ -84,10 +84,15 @@ impl fmt::Display for InstrLine<'_> {
             write!(f, " @{s}")?;
         }
         let scope = self.p.scopes.get(ins.scope);
-        if !scope.path.is_empty() || scope.grad {
+        if !scope.path.is_empty() || scope.grad || scope.checkpoint.is_some() {
             write!(f, " {}", Quoted(&scope.path))?;
             if scope.grad {
                 f.write_str(" grad")?;
+            }
+            match &scope.checkpoint {
+                None => {}
+                Some(r) if *r == scope.path => f.write_str(" checkpoint")?,
+                Some(r) => write!(f, " checkpoint={}", Quoted(r))?,
             }
         }
         Ok(())
