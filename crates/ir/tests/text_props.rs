@@ -234,7 +234,7 @@ impl Gen {
         let checkpoint = match k / (2 * PATHS.len()) {
             _ if path.is_empty() => None,
             0 => None,
-            _ if k % 3 == 0 => Some(path.to_string()),
+            _ if k.is_multiple_of(3) => Some(path.to_string()),
             _ => path.split('/').next().map(str::to_string),
         };
         let scope = self.p.scopes.intern(ir::Scope {
