@@ -102,6 +102,32 @@ impl Params {
         r
     }
 
+    /// [`Params::scope`] with the builder's scope `name` marked as a checkpoint region
+    /// ([`ir::Builder::checkpoint_scope`]): `autodiff`'s `marked` remat policy recomputes
+    /// what `f` builds in the backward pass instead of keeping its activations. Parameters
+    /// are named as in [`Params::scope`].
+    pub fn checkpoint_scope<T>(&mut self, name: &str, f: impl FnOnce(&mut Params) -> T) -> T {
+        self.prefix.push(name.to_string());
+        let _scope = self.b.checkpoint_scope(name);
+        let r = f(self);
+        self.prefix.pop();
+        r
+    }
+
+    /// [`Params::checkpoint_scope`] when `checkpoint`, else [`Params::scope`].
+    pub fn scope_marked<T>(
+        &mut self,
+        name: &str,
+        checkpoint: bool,
+        f: impl FnOnce(&mut Params) -> T,
+    ) -> T {
+        if checkpoint {
+            self.checkpoint_scope(name, f)
+        } else {
+            self.scope(name, f)
+        }
+    }
+
     pub fn full_name(&self, name: &str) -> String {
         let mut parts = self.prefix.clone();
         parts.push(name.to_string());
