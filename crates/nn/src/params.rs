@@ -1,5 +1,7 @@
 //! Named parameters with their initialisers and annotations, collected while a model is
 //! built, so that training can create (and shard) their values without re-deriving shapes.
+//! [`Params::scope`] names them by the builder's scope path; [`Params::checkpoint_scope`]
+//! opens that scope as a checkpoint region (recomputed by the `marked` remat policy).
 //!
 //! Weight-update sharding (GSPMD's cross-replica weight sharding, ZeRO-3 / FSDP): with
 //! [`Params::shard_weights`] over axes that replicate a weight, the weight is *stored* split

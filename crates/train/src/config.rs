@@ -1,6 +1,8 @@
 //! The run configuration: TOML with every field defaulted (`gshard train` with no config is
 //! the main job), unknown fields and wrong types rejected with the field's name. Maps onto
 //! the model ([`nn::transformer::TransformerConfig`]), the mesh and the optimizer.
+//! `[model] remat` is the training step's rematerialisation policy and `[model] checkpoint`
+//! the sublayers the model marks as checkpoint regions for `remat = "marked"`.
 
 use crate::optim::{AdafactorConfig, LrSchedule, Optimizer};
 use autodiff::remat::Policy;

@@ -1,4 +1,5 @@
-//! The line parser: mesh, instructions and outputs, each type-checked as it is read.
+//! The line parser: mesh, instructions and outputs, each type-checked as it is read (an
+//! instruction's scope and checkpoint mark checked too).
 
 use std::collections::HashMap;
 

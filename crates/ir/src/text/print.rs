@@ -1,5 +1,6 @@
 //! The printer: one line per instruction, `%i` names by index, numbers that parse back
-//! to the same bits, strings with escapes.
+//! to the same bits, strings with escapes, scopes with their `grad` marker and checkpoint
+//! mark.
 
 use std::fmt;
 
