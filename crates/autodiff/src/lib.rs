@@ -20,7 +20,7 @@
 //!
 //! [`remat::remat`] then trades FLOPs for memory: it recomputes in the backward pass the
 //! forward values that a [`remat::Policy`] (per layer, all but dot products, or checkpoint
-//! scopes) does not keep alive.
+//! regions, listed by scope path or placed by the model code) does not keep alive.
 
 mod chunks;
 pub mod remat;

@@ -18,8 +18,13 @@
 //!
 //! Always kept, whatever the policy: parameters, constants, iotas, partition ids,
 //! collectives (recomputing one would communicate twice) and program outputs.
+//!
+//! Checkpoint regions come from the config ([`Policy::Scopes`] lists their paths) or from
+//! the model code ([`Policy::Marked`]: the regions the model opened with
+//! [`ir::Builder::checkpoint_scope`], [`marked_regions`]); either way a region is
+//! recomputed from the values entering it, by the same code.
 
-use ir::scope::layer_of;
+use ir::scope::{layer_of, within};
 use ir::{Instr, Op, OpClass, Program, ValueId};
 use std::collections::HashMap;
 use std::fmt;
@@ -43,15 +48,22 @@ pub enum Policy {
     /// like a layer of [`Policy::Layer`], from the values entering it. The most specific
     /// path that contains an instruction's scope is its region.
     Scopes(Vec<String>),
+    /// The checkpoint regions the model code marked ([`ir::Builder::checkpoint_scope`]),
+    /// recomputed exactly as [`Policy::Scopes`] recomputes their paths
+    /// ([`marked_regions`]). A program without a marked region is refused
+    /// ([`RematError::NothingMarked`]).
+    Marked,
 }
 
 impl Policy {
-    /// Parse `none`, `layer`, `dots` or `scopes:PATH,PATH,...` (as in configs and flags).
+    /// Parse `none`, `layer`, `dots`, `marked` or `scopes:PATH,PATH,...` (as in configs
+    /// and flags).
     pub fn parse(s: &str) -> Result<Policy, RematError> {
         match s.trim() {
             "none" => Ok(Policy::None),
             "layer" => Ok(Policy::Layer),
             "dots" => Ok(Policy::Dots),
+            "marked" => Ok(Policy::Marked),
             other => match other.strip_prefix("scopes:") {
                 Some(list) => {
                     let paths: Vec<String> = list
@@ -80,6 +92,7 @@ impl fmt::Display for Policy {
             Policy::Layer => f.write_str("layer"),
             Policy::Dots => f.write_str("dots"),
             Policy::Scopes(paths) => write!(f, "scopes:{}", paths.join(",")),
+            Policy::Marked => f.write_str("marked"),
         }
     }
 }
@@ -87,12 +100,14 @@ impl fmt::Display for Policy {
 /// Why [`remat`] or [`Policy::parse`] refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RematError {
-    #[error("remat policy {given:?} is unknown; use \"none\", \"layer\", \"dots\" or \"scopes:PATH,PATH\" (e.g. \"scopes:encoder/layer0/ffn\")")]
+    #[error("remat policy {given:?} is unknown; use \"none\", \"layer\", \"dots\", \"marked\" (the checkpoint regions the model code marks) or \"scopes:PATH,PATH\" (e.g. \"scopes:encoder/layer0/ffn\")")]
     UnknownPolicy { given: String },
     #[error("remat policy \"scopes:\" lists no scope; name at least one scope path, e.g. \"scopes:encoder/layer0/ffn\"")]
     NoScopes,
     #[error("remat scope `{scope}` contains no forward instruction of the program; use a scope path that `gshard inspect` prints, e.g. `encoder/layer0/ffn`")]
     UnknownScope { scope: String },
+    #[error("remat policy \"marked\" finds no checkpoint region in the program; mark regions in the model code (`Builder::checkpoint_scope`, or `[model] checkpoint = [\"ffn\"]` in a run config) or use another policy, e.g. \"scopes:encoder/layer0/ffn\"")]
+    NothingMarked,
 }
 
 /// A program after [`remat`], and what was recomputed.
@@ -107,6 +122,13 @@ pub struct Rematerialised {
 /// (see the module doc). A program without a backward pass, or [`Policy::None`], comes back
 /// unchanged. Instructions before the backward pass keep their ids.
 pub fn remat(p: &Program, policy: &Policy) -> Result<Rematerialised, RematError> {
+    if *policy == Policy::Marked {
+        let regions = marked_regions(p);
+        if regions.is_empty() {
+            return Err(RematError::NothingMarked);
+        }
+        return remat(p, &Policy::Scopes(regions));
+    }
     let unchanged = || Rematerialised {
         program: p.clone(),
         recomputed: Vec::new(),
@@ -121,6 +143,8 @@ pub fn remat(p: &Program, policy: &Policy) -> Result<Rematerialised, RematError>
     };
     let keep = match policy {
         Policy::None => return Ok(unchanged()),
+        // Never reached: `marked` became `scopes:` with its regions above.
+        Policy::Marked => return Ok(unchanged()),
         Policy::Dots => kept_dots(p, boundary),
         Policy::Layer => {
             let regions = regions_by(p, |path| layer_region(path).map(str::to_string));
@@ -148,10 +172,32 @@ pub fn remat(p: &Program, policy: &Policy) -> Result<Rematerialised, RematError>
     Ok(rewrite(p, boundary, &keep))
 }
 
-/// Whether scope path `path` is `scope` or lies under it.
-fn within(path: &str, scope: &str) -> bool {
-    path.strip_prefix(scope)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+/// The checkpoint regions the model code marked in the forward pass of `p` (the whole
+/// program when it has no backward pass): the region path of every forward instruction's
+/// scope that has one, each once, sorted. [`Policy::Marked`] recomputes these as
+/// [`Policy::Scopes`] would.
+pub fn marked_regions(p: &Program) -> Vec<String> {
+    let forward = p
+        .instrs
+        .iter()
+        .position(|i| p.scopes.is_grad(i.scope))
+        .unwrap_or(p.len());
+    let mut seen = vec![false; p.scopes.len()];
+    let mut regions: Vec<String> = Vec::new();
+    for ins in &p.instrs[..forward] {
+        let Some(s) = seen.get_mut(ins.scope.index()) else {
+            continue;
+        };
+        if std::mem::replace(s, true) {
+            continue;
+        }
+        if let Some(r) = p.scopes.checkpoint_region(ins.scope) {
+            regions.push(r.to_string());
+        }
+    }
+    regions.sort();
+    regions.dedup();
+    regions
 }
 
 /// The layer `path` belongs to (through its first `layer<N>` segment), if any.

@@ -38,8 +38,9 @@ pub struct Instr {
 /// named outputs, the mesh that shardings and collectives refer to, and the table of the
 /// instructions' scopes.
 ///
-/// Equality compares scopes by path and marker, not by id: a program equals its printed
-/// and re-parsed self even when the table lists its scopes in another order.
+/// Equality compares scopes by path, marker and checkpoint mark, not by id: a program
+/// equals its printed and re-parsed self even when the table lists its scopes in another
+/// order.
 #[derive(Clone, Debug, Default)]
 pub struct Program {
     pub instrs: Vec<Instr>,

@@ -1,5 +1,6 @@
 //! `verify()`: SSA order, operand and result types, parameter and output names, shardings
-//! against the mesh. Errors print the program around the fault.
+//! against the mesh, checkpoint marks against their scopes' paths. Errors print the program
+//! around the fault.
 
 use crate::error::VerifyError;
 use crate::infer::infer_type;
@@ -21,7 +22,14 @@ pub fn verify(p: &Program) -> Result<(), VerifyError> {
         context: print_context(p, i, 10),
     };
     let mut names: std::collections::HashSet<&str> = Default::default();
+    // Each scope's mark is checked once (`None`: not yet).
+    let mut marks: Vec<Option<Result<(), String>>> = vec![None; p.scopes.len()];
     for (i, ins) in p.instrs.iter().enumerate() {
+        if let Some(slot) = marks.get_mut(ins.scope.index()) {
+            if let Err(e) = slot.get_or_insert_with(|| p.scopes.get(ins.scope).check()) {
+                return Err(fail(i, e.clone()));
+            }
+        }
         for o in &ins.operands {
             if o.index() >= i {
                 return Err(fail(i, format!("operand {o} does not precede its use")));

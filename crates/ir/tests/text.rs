@@ -841,8 +841,8 @@ fn scopes_print_as_metadata_and_parse_back() {
     };
     let w = {
         let _s = b.enter(ir::Scope {
-            path: "encoder/layer1".into(),
             grad: true,
+            ..ir::Scope::new("encoder/layer1")
         });
         z.abs()
     };
@@ -875,6 +875,94 @@ output \"w\" = %3
         "%0 = f32[] parameter(\"x\") \"s\" dim=1",
         1,
         31,
-        "expected `grad` or end of line after the scope, found `dim`",
+        "expected `grad`, `checkpoint` or end of line after the scope, found `dim`",
     );
+}
+
+#[test]
+fn checkpoint_marks_print_and_parse_back() {
+    let b = Builder::new();
+    let x = b.param("x", Type::new(DType::F32, [4]));
+    let z = {
+        let _l = b.scope("encoder/layer0");
+        let _f = b.checkpoint_scope("ffn");
+        let y = x.exp();
+        let _n = b.scope("norm");
+        y.neg()
+    };
+    let w = {
+        let g = b.grad_scope(b.scope_of(z.id));
+        let prev = b.set_scope(g);
+        let w = z.abs();
+        b.set_scope(prev);
+        w
+    };
+    let v = {
+        let _l = b.scope("encoder/layer0/ffn");
+        w.exp()
+    };
+    b.output("v", &v);
+    let p = b.finish();
+    let text = print(&p);
+    assert_eq!(
+        text,
+        "%0 = f32[4] parameter(\"x\")
+%1 = f32[4] exp(%0) \"encoder/layer0/ffn\" checkpoint
+%2 = f32[4] neg(%1) \"encoder/layer0/ffn/norm\" checkpoint=\"encoder/layer0/ffn\"
+%3 = f32[4] abs(%2) \"encoder/layer0/ffn/norm\" grad checkpoint=\"encoder/layer0/ffn\"
+%4 = f32[4] exp(%3) \"encoder/layer0/ffn\"
+output \"v\" = %4
+"
+    );
+    let q = parse(&text).unwrap();
+    assert_eq!(q, p);
+    assert_eq!(
+        q.scope(ir::ValueId(3)).checkpoint_region(),
+        Some("encoder/layer0/ffn")
+    );
+    assert!(q.scope(ir::ValueId(3)).grad);
+    // The mark is part of the scope: the unmarked path is another program.
+    let unmarked = parse(&text.replace(" checkpoint\n", "\n")).unwrap();
+    assert_ne!(unmarked, p);
+    assert_eq!(unmarked.scope(ir::ValueId(1)).checkpoint_region(), None);
+    // A region must contain its scope; the mark ends the line.
+    fails(
+        "%0 = f32[] parameter(\"x\") \"ab/c\" checkpoint=\"a\"",
+        1,
+        34,
+        "checkpoint region \"a\" does not contain scope \"ab/c\"",
+    );
+    fails(
+        "%0 = f32[] parameter(\"x\") \"\" checkpoint",
+        1,
+        30,
+        "empty checkpoint region",
+    );
+    fails(
+        "%0 = f32[] parameter(\"x\") \"a\" checkpoint=",
+        1,
+        42,
+        "expected a checkpoint region `\"path\"` after `checkpoint=`, found end of line",
+    );
+    fails(
+        "%0 = f32[] parameter(\"x\") \"a\" checkpoint grad",
+        1,
+        42,
+        "expected end of line after the checkpoint mark, found `grad`",
+    );
+    fails(
+        "%0 = f32[] parameter(\"x\") \"a\" grad grad",
+        1,
+        36,
+        "expected `checkpoint` or end of line after `grad`, found `grad`",
+    );
+    // verify refuses a malformed mark made by hand.
+    let mut bad = p.clone();
+    let s = bad.scopes.intern(ir::Scope {
+        checkpoint: Some("encoder/layer1".into()),
+        ..ir::Scope::new("encoder/layer0/ffn")
+    });
+    bad.instrs[1].scope = s;
+    let e = verify(&bad).unwrap_err().to_string();
+    assert!(e.contains("does not contain scope"), "{e}");
 }

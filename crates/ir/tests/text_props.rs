@@ -226,12 +226,21 @@ impl Gen {
         let ty = infer_type(&op, &tys, declared.as_ref(), self.p.mesh.as_ref())
             .unwrap_or_else(|e| panic!("generator bug: {e}"));
         // Scopes (metadata) vary with the position: the root, nested paths, the `grad`
-        // marker, a path that needs escapes; interned in another order than a parse would.
+        // marker, a path that needs escapes, checkpoint marks (the path itself or a prefix
+        // of it); interned in another order than a parse would.
         const PATHS: [&str; 5] = ["", "encoder/layer1/attn", "moe", "a \"b\"\\c/d", "x"];
-        let k = (self.p.len() * 7 + self.unique) % (2 * PATHS.len());
+        let k = (self.p.len() * 7 + self.unique) % (4 * PATHS.len());
+        let path = PATHS[k % PATHS.len()];
+        let checkpoint = match k / (2 * PATHS.len()) {
+            _ if path.is_empty() => None,
+            0 => None,
+            _ if k.is_multiple_of(3) => Some(path.to_string()),
+            _ => path.split('/').next().map(str::to_string),
+        };
         let scope = self.p.scopes.intern(ir::Scope {
-            path: PATHS[k % PATHS.len()].to_string(),
-            grad: k >= PATHS.len(),
+            path: path.to_string(),
+            grad: k % (2 * PATHS.len()) >= PATHS.len(),
+            checkpoint,
         });
         self.p.push(Instr {
             op,

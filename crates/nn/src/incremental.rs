@@ -378,6 +378,7 @@ mod tests {
             label_smoothing: 0.0,
             dtype: DType::F32,
             precision: crate::transformer::Precision::Full,
+            checkpoint: Default::default(),
         }
     }
 

@@ -1,5 +1,7 @@
 //! Named parameters with their initialisers and annotations, collected while a model is
 //! built, so that training can create (and shard) their values without re-deriving shapes.
+//! [`Params::scope`] names them by the builder's scope path; [`Params::checkpoint_scope`]
+//! opens that scope as a checkpoint region (recomputed by the `marked` remat policy).
 //!
 //! Weight-update sharding (GSPMD's cross-replica weight sharding, ZeRO-3 / FSDP): with
 //! [`Params::shard_weights`] over axes that replicate a weight, the weight is *stored* split
@@ -100,6 +102,32 @@ impl Params {
         let r = f(self);
         self.prefix.pop();
         r
+    }
+
+    /// [`Params::scope`] with the builder's scope `name` marked as a checkpoint region
+    /// ([`ir::Builder::checkpoint_scope`]): `autodiff`'s `marked` remat policy recomputes
+    /// what `f` builds in the backward pass instead of keeping its activations. Parameters
+    /// are named as in [`Params::scope`].
+    pub fn checkpoint_scope<T>(&mut self, name: &str, f: impl FnOnce(&mut Params) -> T) -> T {
+        self.prefix.push(name.to_string());
+        let _scope = self.b.checkpoint_scope(name);
+        let r = f(self);
+        self.prefix.pop();
+        r
+    }
+
+    /// [`Params::checkpoint_scope`] when `checkpoint`, else [`Params::scope`].
+    pub fn scope_marked<T>(
+        &mut self,
+        name: &str,
+        checkpoint: bool,
+        f: impl FnOnce(&mut Params) -> T,
+    ) -> T {
+        if checkpoint {
+            self.checkpoint_scope(name, f)
+        } else {
+            self.scope(name, f)
+        }
     }
 
     pub fn full_name(&self, name: &str) -> String {

@@ -10,6 +10,11 @@
 //! parallelism), attention heads, the dense FFN's hidden dim, the experts' hidden dim and
 //! the vocabulary (embedding tables and logits) are split over them: one all-reduce after
 //! each attention and each feed-forward layer, none of a weight.
+//!
+//! Checkpoint regions ([`Checkpoint`]): the model marks its attention and/or feed-forward
+//! sublayers (scopes `attn`, `cross`; `ffn`, `moe`) as checkpoint regions
+//! ([`Params::checkpoint_scope`]) when its config asks, so that `autodiff`'s `marked` remat
+//! policy recomputes them in the backward pass. The marks change no value.
 
 use crate::layers::{
     attention, cross_entropy, dropout, embed, rms_norm, segment_bias, sinusoid, AttnMask, Axes,
@@ -70,6 +75,29 @@ pub struct TransformerConfig {
     pub dtype: DType,
     /// What activations and matmul operands compute in.
     pub precision: Precision,
+    /// Which sublayers the model code marks as checkpoint regions (none by default).
+    pub checkpoint: Checkpoint,
+}
+
+/// Which sublayers of every block the model marks as checkpoint regions, to be recomputed
+/// in the backward pass by `autodiff`'s `marked` remat policy (each marked sublayer is one
+/// region: what it passes on, its output, is kept; its inside is recomputed). Marks are
+/// metadata: the step computes the same values whatever they are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The self-attention and cross-attention sublayers (scopes `attn` and `cross`, their
+    /// norms included).
+    pub attention: bool,
+    /// The feed-forward sublayers, dense and MoE (scopes `ffn` and `moe`, their norms
+    /// included).
+    pub ffn: bool,
+}
+
+impl Checkpoint {
+    /// Whether any sublayer is marked.
+    pub fn any(self) -> bool {
+        self.attention || self.ffn
+    }
 }
 
 /// What a model's activations and matmul operands compute in.
@@ -282,13 +310,14 @@ impl<'a> Ctx<'a> {
             model: &model,
         };
         let mut x = x.clone();
-        let h = p.scope("attn", |p| -> Result<Value, ShardingError> {
+        let mark = cfg.checkpoint.attention;
+        let h = p.scope_marked("attn", mark, |p| -> Result<Value, ShardingError> {
             let n = p.scope("norm", |p| rms_norm(p, &x, 1e-6))?;
             attention(p, &n, &n, cfg.heads, cfg.head_dim, self_mask, axes)
         })?;
         x = self.annotate_batch(&x.add(&dropout(&h, cfg.dropout, self.seed.as_ref())))?;
         if let Some((mem, mask)) = cross {
-            let h = p.scope("cross", |p| -> Result<Value, ShardingError> {
+            let h = p.scope_marked("cross", mark, |p| -> Result<Value, ShardingError> {
                 let n = p.scope("norm", |p| rms_norm(p, &x, 1e-6))?;
                 attention(p, &n, mem, cfg.heads, cfg.head_dim, mask, axes)
             })?;
@@ -309,7 +338,8 @@ impl<'a> Ctx<'a> {
         } else {
             "ffn"
         };
-        let h = p.scope(name, |p| -> Result<Value, ShardingError> {
+        let mark = self.cfg.checkpoint.ffn;
+        let h = p.scope_marked(name, mark, |p| -> Result<Value, ShardingError> {
             let n = p.scope("norm", |p| rms_norm(p, x, 1e-6))?;
             self.ffn(p, &n, layer)
         })?;

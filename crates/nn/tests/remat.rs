@@ -1,16 +1,19 @@
 //! Rematerialisation on the MoE Transformer's training step: every policy gives the
 //! gradients of the step without it, bit for bit (dropout and random routing included, so
 //! recomputed random numbers are the same), and a finite-difference check agrees; the
-//! recomputed step partitioned over 8 devices equals one device; and recomputing each
-//! layer lowers the executor's measured peak memory on a deeper model.
+//! recomputed step partitioned over 8 devices equals one device; recomputing each layer
+//! lowers the executor's measured peak memory on a deeper model; and the sublayers the model
+//! marks as checkpoint regions (`TransformerConfig::checkpoint`) are the regions of the
+//! `marked` policy, recomputed as `scopes:` recomputes their paths, with the gradients of
+//! the step that keeps everything.
 
 mod common;
 
-use autodiff::remat::{remat, Policy};
+use autodiff::remat::{marked_regions, remat, Policy};
 use common::{axes, config, inputs, training_step, training_step_of};
 use ir::{Mesh, Program};
 use nn::moe::SecondPolicy;
-use nn::transformer::{Layout, Packing, TransformerConfig};
+use nn::transformer::{Checkpoint, Layout, Packing, TransformerConfig};
 use runtime::{HostTensor, InProcess};
 use std::collections::HashMap;
 use testkit::spmd::{assert_spmd_matches, run_partitioned};
@@ -214,4 +217,186 @@ fn recomputing_layers_lowers_the_measured_peak_memory() {
         dots < none,
         "peak with dots remat {dots} B, without {none} B"
     );
+}
+
+/// [`random_config`] with `checkpoint` marked.
+fn marking(checkpoint: Checkpoint) -> TransformerConfig {
+    TransformerConfig {
+        checkpoint,
+        ..random_config()
+    }
+}
+
+const BOTH: Checkpoint = Checkpoint {
+    attention: true,
+    ffn: true,
+};
+
+#[test]
+fn the_model_marks_the_sublayers_its_config_names() {
+    let (mesh, layout) = one_device();
+    let regions = |checkpoint: Checkpoint| {
+        let (p, _) = training_step(
+            mesh.clone(),
+            layout.clone(),
+            &marking(checkpoint),
+            Packing::Packed,
+        );
+        marked_regions(&p)
+    };
+    assert!(regions(Checkpoint::default()).is_empty());
+    let ffn = Checkpoint {
+        ffn: true,
+        ..Checkpoint::default()
+    };
+    assert_eq!(
+        regions(ffn),
+        [
+            "decoder/layer0/ffn",
+            "decoder/layer1/moe",
+            "encoder/layer0/ffn",
+            "encoder/layer1/moe"
+        ]
+    );
+    let attention = Checkpoint {
+        attention: true,
+        ..Checkpoint::default()
+    };
+    assert_eq!(
+        regions(attention),
+        [
+            "decoder/layer0/attn",
+            "decoder/layer0/cross",
+            "decoder/layer1/attn",
+            "decoder/layer1/cross",
+            "encoder/layer0/attn",
+            "encoder/layer1/attn"
+        ]
+    );
+    assert_eq!(regions(BOTH).len(), 10);
+    // Without `marked`, the marks are metadata: the step is the unmarked one but for them.
+    let (plain, _) = training_step(
+        mesh.clone(),
+        layout.clone(),
+        &random_config(),
+        Packing::Packed,
+    );
+    let (marked, _) = training_step(mesh, layout, &marking(BOTH), Packing::Packed);
+    assert_eq!(plain.len(), marked.len());
+    assert!(plain
+        .instrs
+        .iter()
+        .zip(&marked.instrs)
+        .all(|(a, b)| a.op == b.op && a.operands == b.operands && a.ty == b.ty));
+    assert_ne!(plain, marked, "the marks are part of the program");
+}
+
+#[test]
+fn marked_policy_is_scopes_with_the_marked_paths() {
+    let (mesh, layout) = one_device();
+    let (p, _) = training_step(mesh, layout, &marking(BOTH), Packing::Packed);
+    let by_marks = remat(&p, &Policy::Marked).unwrap();
+    let by_paths = remat(&p, &Policy::Scopes(marked_regions(&p))).unwrap();
+    assert_eq!(by_marks.program, by_paths.program);
+    assert_eq!(by_marks.recomputed, by_paths.recomputed);
+    assert!(!by_marks.recomputed.is_empty());
+    // Every clone lies in a marked region's backward pass.
+    for v in &by_marks.recomputed {
+        let s = by_marks.program.scope(*v);
+        assert!(s.grad && s.checkpoint_region().is_some(), "{s}");
+    }
+    // An unmarked model under `marked` is a one-line error naming the fix.
+    let (unmarked, _) = training_step(
+        one_device().0,
+        one_device().1,
+        &random_config(),
+        Packing::Packed,
+    );
+    let e = remat(&unmarked, &Policy::Marked).unwrap_err().to_string();
+    assert!(e.contains("checkpoint") && !e.contains('\n'), "{e}");
+}
+
+#[test]
+fn marked_sublayers_give_every_gradient_of_the_step_that_keeps_everything() {
+    // The step without marks and without remat is the oracle: marking and recomputing must
+    // change no output, bit for bit, in the reference interpreter and the executor.
+    let (mesh, layout) = one_device();
+    let cfg = random_config();
+    let (p, specs) = training_step(mesh.clone(), layout.clone(), &cfg, Packing::Packed);
+    let ins = inputs(&p, &specs, cfg.vocab, cfg.src_vocab.unwrap());
+    let want = runtime::reference::run(&p, &ins).unwrap();
+    let want_exec = runtime::run_devices(&p, &InProcess::new(1), std::slice::from_ref(&ins))
+        .unwrap()
+        .outputs
+        .remove(0);
+    let n_grads = grad_names(&p).len();
+    assert_eq!(n_grads, specs.len(), "a gradient per parameter");
+    for checkpoint in [
+        BOTH,
+        Checkpoint {
+            ffn: true,
+            ..Checkpoint::default()
+        },
+    ] {
+        let (m, _) = training_step(
+            mesh.clone(),
+            layout.clone(),
+            &marking(checkpoint),
+            Packing::Packed,
+        );
+        let r = remat(&m, &Policy::Marked).unwrap();
+        assert!(
+            !r.recomputed.is_empty(),
+            "{checkpoint:?}: nothing recomputed"
+        );
+        let got = runtime::reference::run(&r.program, &ins).unwrap();
+        let got_exec =
+            runtime::run_devices(&r.program, &InProcess::new(1), std::slice::from_ref(&ins))
+                .unwrap()
+                .outputs
+                .remove(0);
+        assert_eq!(want.len(), got.len());
+        assert_eq!(grad_names(&r.program).len(), n_grads);
+        for (name, w) in &want {
+            assert_eq!(
+                bits(&got[name]),
+                bits(w),
+                "{checkpoint:?}: `{name}` (reference)"
+            );
+            assert_eq!(
+                bits(&got_exec[name]),
+                bits(&want_exec[name]),
+                "{checkpoint:?}: `{name}` (executor)"
+            );
+        }
+    }
+}
+
+#[test]
+fn marks_survive_partitioning_and_the_text_format() {
+    let cfg = marking(Checkpoint {
+        ffn: true,
+        ..Checkpoint::default()
+    });
+    let (mesh, layout) = eight_devices();
+    let (p, specs) = training_step(mesh, layout, &cfg, Packing::Packed);
+    let ins = inputs(&p, &specs, cfg.vocab, cfg.src_vocab.unwrap());
+    let q = remat(&p, &Policy::Marked).unwrap().program;
+    let part = assert_spmd_matches(&q, &ins, Tol::new(1e-9, 1e-11));
+    // The per-device program keeps every mark, forward and backward.
+    assert_eq!(marked_regions(&part.program), marked_regions(&p));
+    let marked_backward = part
+        .program
+        .instrs
+        .iter()
+        .filter(|i| {
+            part.program.scopes.is_grad(i.scope)
+                && part.program.scopes.checkpoint_region(i.scope).is_some()
+        })
+        .count();
+    assert!(marked_backward > 0, "no marked backward instruction");
+    // And prints and parses back with them.
+    let text = ir::text::print(&part.program);
+    assert!(text.contains(" checkpoint=\"encoder/layer1/moe\""));
+    assert_eq!(ir::text::parse(&text).unwrap(), part.program);
 }

@@ -4,8 +4,9 @@
 //! The candidates are every mesh `data x expert x model` whose product is `N` (meshes the
 //! config's validation refuses, because an axis does not divide the dims it splits, are
 //! counted and skipped), weight-update sharding off or over each axis of size above 1,
-//! rematerialisation `none`, `layer` or `dots`, and the config's capacity factor with 1.0
-//! and 2.0 where they differ. Each is planned by [`crate::plan`] (the same program,
+//! rematerialisation `none`, `layer` or `dots` (and `marked` when the config's
+//! `model.checkpoint` marks sublayers), and the config's capacity factor with 1.0 and 2.0
+//! where they differ. Each is planned by [`crate::plan`] (the same program,
 //! memory plan and time model as `gshard plan`), in parallel over the pool; those whose
 //! per-device peak plus the inputs held between their uses fits the limit are ranked by
 //! predicted step time. When none fits, the error names the smallest footprint found and
@@ -102,6 +103,10 @@ pub fn layouts(cfg: &TrainConfig, devices: usize) -> Vec<TrainConfig> {
             factors.push(f);
         }
     }
+    let mut remats = vec!["none", "layer", "dots"];
+    if !cfg.model.checkpoint.is_empty() {
+        remats.push("marked");
+    }
     let mut out = Vec::new();
     for (d, e, m) in meshes(devices) {
         let mut shard = vec![String::new()];
@@ -111,7 +116,7 @@ pub fn layouts(cfg: &TrainConfig, devices: usize) -> Vec<TrainConfig> {
             }
         }
         for s in &shard {
-            for remat in ["none", "layer", "dots"] {
+            for &remat in &remats {
                 for &f in &factors {
                     let mut c = cfg.clone();
                     c.mesh.data = d;

@@ -1,9 +1,10 @@
 //! `plan::search`: the default config's layouts on 8 devices come back fastest first and
 //! within the memory limit; a limit no layout fits is a one-line error naming the smallest
-//! footprint found and the fix; `--memory` sizes parse.
+//! footprint found and the fix; `--memory` sizes parse; a config that marks checkpoint
+//! regions also searches `remat = "marked"`.
 
 use plan::hardware::Hardware;
-use plan::search::{parse_bytes, search, SearchError, SearchOptions};
+use plan::search::{layouts, parse_bytes, search, SearchError, SearchOptions};
 use plan::PlanOptions;
 use train::config::TrainConfig;
 
@@ -59,6 +60,31 @@ fn a_limit_nothing_fits_is_a_one_line_error_naming_the_smallest_peak_and_the_fix
             && !msg.contains('\n'),
         "{msg}"
     );
+}
+
+#[test]
+fn marked_is_searched_when_the_config_marks_sublayers() {
+    let remats = |c: &TrainConfig| {
+        let mut r: Vec<String> = layouts(c, 2).into_iter().map(|c| c.model.remat).collect();
+        r.sort();
+        r.dedup();
+        r
+    };
+    let mut cfg = TrainConfig::default();
+    assert_eq!(remats(&cfg), ["dots", "layer", "none"]);
+    cfg.model.checkpoint = vec!["ffn".into()];
+    assert_eq!(remats(&cfg), ["dots", "layer", "marked", "none"]);
+    // A marked layout is valid wherever its twin without remat is.
+    for c in layouts(&cfg, 2) {
+        let mut twin = c.clone();
+        twin.model.remat = "none".into();
+        assert_eq!(
+            c.validate().is_ok(),
+            twin.validate().is_ok(),
+            "{}",
+            c.model.remat
+        );
+    }
 }
 
 #[test]

@@ -1,11 +1,14 @@
 //! The run configuration: TOML with every field defaulted (`gshard train` with no config is
 //! the main job), unknown fields and wrong types rejected with the field's name. Maps onto
 //! the model ([`nn::transformer::TransformerConfig`]), the mesh and the optimizer.
+//! `[model] remat` is the training step's rematerialisation policy and `[model] checkpoint`
+//! the sublayers the model marks as checkpoint regions for `remat = "marked"`.
 
 use crate::optim::{AdafactorConfig, LrSchedule, Optimizer};
+use autodiff::remat::Policy;
 use ir::{DType, Mesh};
 use nn::moe::{Activation, SecondPolicy};
-use nn::transformer::{Balance, Layout, MoeConfig, MoeGating, TransformerConfig};
+use nn::transformer::{Balance, Checkpoint, Layout, MoeConfig, MoeGating, TransformerConfig};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -201,9 +204,17 @@ pub struct ModelConfig {
     pub label_smoothing: f64,
     /// Rematerialisation of the training step: "none" (keep every activation the backward
     /// pass reads), "layer" (keep each layer's output, recompute the layer's forward pass in
-    /// its backward pass), "dots" (keep dot-product outputs, recompute the rest) or
-    /// "scopes:PATH,PATH" (checkpoint regions: these scopes recomputed like layers).
+    /// its backward pass), "dots" (keep dot-product outputs, recompute the rest), "marked"
+    /// (recompute the checkpoint regions the model marks, `checkpoint`) or
+    /// "scopes:PATH,PATH" (checkpoint regions named by path: these scopes recomputed like
+    /// layers).
     pub remat: String,
+    /// Activation checkpointing (not the run's saved checkpoints): the sublayers the model
+    /// marks as checkpoint regions, which `remat = "marked"` recomputes in the backward
+    /// pass: "attention" (self- and cross-attention) and/or "ffn" (dense and MoE
+    /// feed-forward), e.g. `["ffn"]`. Empty (the default): nothing marked. The marks change
+    /// no value ([`nn::transformer::Checkpoint`]).
+    pub checkpoint: Vec<String>,
     /// Chunks of each MoE layer's expert buffers along capacity (`overlap = k`): every
     /// chunk gets its own all-to-alls, so an executor that overlaps collectives with compute
     /// runs one chunk's all-to-all during another's experts
@@ -341,6 +352,7 @@ impl Default for ModelConfig {
             dropout: 0.0,
             label_smoothing: 0.1,
             remat: "none".into(),
+            checkpoint: Vec::new(),
             overlap: 1,
             precision: Precision::F32,
         }
@@ -564,6 +576,7 @@ impl TrainConfig {
         }
         self.policy()?;
         self.remat()?;
+        self.checkpoint()?;
         self.moe_capacity()?;
         self.activation()?;
         self.gating()?;
@@ -605,6 +618,13 @@ impl TrainConfig {
             out.push(format!(
                 "model.capacity_factor = {} gives each expert {c} slot(s) per group of {} tokens where a balanced top-2 load needs {fair}: a large share of tokens will be dropped (GShard uses 2)",
                 m.capacity_factor, m.group_size
+            ));
+        }
+        if !m.checkpoint.is_empty() && self.remat().is_ok_and(|p| p != Policy::Marked) {
+            out.push(format!(
+                "model.checkpoint marks {} as checkpoint regions, but model.remat = {:?} does not recompute marked regions; set model.remat = \"marked\" to recompute them",
+                m.checkpoint.join(", "),
+                m.remat
             ));
         }
         out
@@ -706,9 +726,33 @@ impl TrainConfig {
     }
 
     /// The training step's rematerialisation policy (`model.remat`).
-    pub fn remat(&self) -> Result<autodiff::remat::Policy, ConfigError> {
-        autodiff::remat::Policy::parse(&self.model.remat)
+    pub fn remat(&self) -> Result<Policy, ConfigError> {
+        Policy::parse(&self.model.remat)
             .map_err(|e| ConfigError::Invalid(format!("model.remat: {e}")))
+    }
+
+    /// The sublayers the model marks as checkpoint regions (`model.checkpoint`), checked
+    /// against `model.remat`: `"marked"` needs at least one.
+    pub fn checkpoint(&self) -> Result<Checkpoint, ConfigError> {
+        let m = &self.model;
+        let mut c = Checkpoint::default();
+        for name in &m.checkpoint {
+            match name.as_str() {
+                "attention" => c.attention = true,
+                "ffn" => c.ffn = true,
+                other => {
+                    return Err(ConfigError::Invalid(format!(
+                        "model.checkpoint: {other:?} is not a sublayer; use \"attention\" and/or \"ffn\", e.g. checkpoint = [\"ffn\"]"
+                    )))
+                }
+            }
+        }
+        if !c.any() && self.remat()? == Policy::Marked {
+            return Err(ConfigError::Invalid(
+                "model.remat = \"marked\" recomputes the checkpoint regions the model marks, but model.checkpoint marks none; set model.checkpoint = [\"ffn\"] (or [\"attention\", \"ffn\"]), or use another model.remat".into(),
+            ));
+        }
+        Ok(c)
     }
 
     fn activation(&self) -> Result<Activation, ConfigError> {
@@ -769,6 +813,7 @@ impl TrainConfig {
             label_smoothing: m.label_smoothing,
             dtype: DType::F32,
             precision: m.precision.into(),
+            checkpoint: self.checkpoint()?,
         })
     }
 }

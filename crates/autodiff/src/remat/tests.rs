@@ -1,6 +1,7 @@
 //! Unit tests of the remat pass on small programs: what each policy keeps and recomputes,
 //! where the clones go, that they compute the same gradients (reference interpreter, bit
-//! for bit) and that bad policies are one-line errors.
+//! for bit), that the regions the model code marks are recomputed as `scopes:` recomputes
+//! their paths, and that bad policies are one-line errors.
 
 use super::*;
 use crate::grad;
@@ -15,6 +16,11 @@ fn f64s(shape: &[usize]) -> Type {
 /// Two layers `x + f(x w_l) * noise` (`f(a) = tanh(a) sin(tanh(a))`, random noise), then a
 /// loss outside the layers.
 fn two_layers() -> Program {
+    layers_marking(false)
+}
+
+/// [`two_layers`], its `ffn` scopes marked as checkpoint regions when `marked`.
+fn layers_marking(marked: bool) -> Program {
     let b = Builder::new();
     let mut x = b.param("x", f64s(&[3, 4]));
     let seed = b.param("seed", Type::new(DType::I32, []));
@@ -22,7 +28,11 @@ fn two_layers() -> Program {
         let _s = b.scope(&format!("enc/layer{l}"));
         let w = b.param(&format!("w{l}"), f64s(&[4, 4]));
         let h = {
-            let _f = b.scope("ffn");
+            let _f = if marked {
+                b.checkpoint_scope("ffn")
+            } else {
+                b.scope("ffn")
+            };
             let a = x.matmul(&w).tanh();
             a.mul(&a.sin())
         };
@@ -168,13 +178,72 @@ fn remat_is_idempotent() {
 }
 
 #[test]
+fn marked_regions_are_recomputed_as_scopes_recomputes_their_paths() {
+    let p = grad(&layers_marking(true), "loss", &["x", "w0", "w1"]).unwrap();
+    let regions = marked_regions(&p);
+    assert_eq!(regions, ["enc/layer0/ffn", "enc/layer1/ffn"]);
+    // The backward pass of a marked region keeps its mark.
+    let boundary = p
+        .instrs
+        .iter()
+        .position(|i| p.scopes.is_grad(i.scope))
+        .unwrap();
+    assert!(p.instrs[boundary..]
+        .iter()
+        .any(|i| p.scopes.checkpoint_region(i.scope) == Some("enc/layer1/ffn")));
+    let marked = remat(&p, &Policy::Marked).unwrap();
+    let scopes = remat(&p, &Policy::Scopes(regions)).unwrap();
+    assert_eq!(marked.program, scopes.program);
+    assert_eq!(marked.recomputed, scopes.recomputed);
+    assert!(!marked.recomputed.is_empty());
+    // Clones stay in their region, marked, in its backward scope.
+    for v in &marked.recomputed {
+        let s = marked.program.scope(*v);
+        assert!(s.grad && s.checkpoint_region().is_some(), "{s}");
+    }
+    // The same values as keeping everything, and as the unmarked program.
+    let want = runtime::run(&with_grads(), &inputs()).unwrap();
+    let got = runtime::run(&marked.program, &inputs()).unwrap();
+    for name in ["loss", "grad_x", "grad_w0", "grad_w1"] {
+        assert_eq!(bits(&got[name]), bits(&want[name]), "{name}");
+    }
+    // Only the marked regions are recomputed: `marked` on the unmarked program's twin equals
+    // `scopes:` with the ffn paths.
+    let listed = Policy::Scopes(vec!["enc/layer0/ffn".into(), "enc/layer1/ffn".into()]);
+    let unmarked = remat(&with_grads(), &listed).unwrap();
+    assert_eq!(unmarked.recomputed, marked.recomputed);
+}
+
+#[test]
+fn marked_without_a_marked_region_is_a_one_line_error() {
+    let e = remat(&with_grads(), &Policy::Marked)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("\"marked\"") && e.contains("checkpoint_scope") && !e.contains('\n'),
+        "{e}"
+    );
+    // A forward-only program with marks: refused like `scopes:` with its paths.
+    let f = layers_marking(true);
+    assert_eq!(
+        remat(&f, &Policy::Marked).unwrap_err(),
+        remat(&f, &Policy::Scopes(marked_regions(&f))).unwrap_err()
+    );
+}
+
+#[test]
 fn policies_parse_and_bad_ones_are_one_line_errors() {
-    for s in ["none", "layer", "dots", "scopes:a/b,c"] {
+    for s in ["none", "layer", "dots", "marked", "scopes:a/b,c"] {
         assert_eq!(Policy::parse(s).unwrap().to_string(), s);
     }
     for bad in ["layers", "", "scopes:", "scopes: , "] {
         let e = Policy::parse(bad).unwrap_err().to_string();
-        assert!(!e.contains('\n') && e.contains("scopes:"), "{e}");
+        assert!(
+            !e.contains('\n')
+                && e.contains("scopes:")
+                && (bad.starts_with("scopes") || e.contains("\"marked\"")),
+            "{e}"
+        );
     }
     let e = remat(&with_grads(), &Policy::Scopes(vec!["enc/layer7".into()]))
         .unwrap_err()

@@ -344,6 +344,7 @@ pub fn transformer_step(layers: usize, experts: usize) -> Result<Program> {
         label_smoothing: 0.1,
         dtype: DType::F32,
         precision: nn::transformer::Precision::Full,
+        checkpoint: Default::default(),
     };
     let b = Builder::with_mesh(Mesh::new(&[("expert", experts)])?);
     let layout = Layout {

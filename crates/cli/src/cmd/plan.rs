@@ -28,8 +28,8 @@ pub struct Args {
     /// Weight-update sharding over this mesh axis (`mesh.shard_weights`), as in `gshard train`.
     #[arg(long)]
     shard_weights: Option<String>,
-    /// Rematerialisation (`model.remat`): `none`, `layer`, `dots` or `scopes:PATH,PATH`,
-    /// as in `gshard train`.
+    /// Rematerialisation (`model.remat`): `none`, `layer`, `dots`, `marked` (the sublayers
+    /// `model.checkpoint` marks) or `scopes:PATH,PATH`, as in `gshard train`.
     #[arg(long, value_name = "POLICY")]
     remat: Option<String>,
     /// `bf16` (mixed precision) or `f32`: overrides `model.precision`, as in `gshard train`.

@@ -43,7 +43,8 @@ pub struct Args {
     #[arg(long)]
     shard_weights: Option<String>,
     /// Rematerialisation (`model.remat`): `none`, `layer` (recompute each layer's forward
-    /// pass in its backward pass), `dots` (keep only dot-product outputs) or
+    /// pass in its backward pass), `dots` (keep only dot-product outputs), `marked` (recompute
+    /// the sublayers the config's `model.checkpoint` marks, e.g. `["ffn"]`) or
     /// `scopes:PATH,PATH`; less memory for more FLOPs, the same values.
     #[arg(long, value_name = "POLICY")]
     remat: Option<String>,
@@ -60,7 +61,8 @@ pub struct Args {
     #[arg(long)]
     data: Option<String>,
     /// Continue from the run directory's last checkpoint, with the run's own config.toml
-    /// (a --config may change only `steps`, `data.dir`, the mesh and `model.remat`).
+    /// (a --config may change only `steps`, `data.dir`, the mesh, `model.remat`,
+    /// `model.checkpoint` and `model.overlap`).
     #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
     /// Replace the run the directory holds (without it, such a directory is refused).

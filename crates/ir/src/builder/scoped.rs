@@ -1,5 +1,5 @@
 //! Scopes while building: the builder's current scope, given to every instruction it emits,
-//! and guards that open and close scopes in model code.
+//! and guards that open and close scopes (checkpoint regions among them) in model code.
 
 use super::Builder;
 use crate::scope::{Scope, ScopeId};
@@ -27,6 +27,23 @@ impl Builder {
         let mut st = self.st.borrow_mut();
         let parent = st.scope;
         let id = st.prog.scopes.child(parent, name);
+        st.scope = id;
+        ScopeGuard {
+            b: self.clone(),
+            prev: parent,
+        }
+    }
+
+    /// Open scope `name` inside the current one, marked as a checkpoint region, until the
+    /// guard drops: `let _s = b.checkpoint_scope("ffn");`. What the model computes inside
+    /// it (scopes opened inside included) is what `autodiff`'s `marked` remat policy
+    /// recomputes in the backward pass instead of keeping ([`Scopes::checkpoint_child`]).
+    ///
+    /// [`Scopes::checkpoint_child`]: crate::Scopes::checkpoint_child
+    pub fn checkpoint_scope(&self, name: &str) -> ScopeGuard {
+        let mut st = self.st.borrow_mut();
+        let parent = st.scope;
+        let id = st.prog.scopes.checkpoint_child(parent, name);
         st.scope = id;
         ScopeGuard {
             b: self.clone(),

@@ -25,8 +25,11 @@
 //!   `Display`.
 //! * An instruction may end with its scope, metadata that does not change what it computes:
 //!   the path as a string, then `grad` for the backward pass
-//!   (`%y = f32[4] add(%a, %b) @{data} "encoder/layer0/attn" grad`). The root scope is
-//!   not printed.
+//!   (`%y = f32[4] add(%a, %b) @{data} "encoder/layer0/attn" grad`), then the checkpoint
+//!   region the model code placed it in, if any: `checkpoint` when the region is the path
+//!   itself, `checkpoint="encoder/layer0/ffn"` when it is a prefix of the path that ends at
+//!   a `/` (`"encoder/layer0/ffn/norm" grad checkpoint="encoder/layer0/ffn"`). The root
+//!   scope is not printed; a scope without a mark prints without one.
 //! * `output "name" = %value` names an output.
 //! * Strings escape `\"`, `\\`, `\n`, `\r`, `\t` and other control characters as `\u{1b}`.
 //! * Numbers are printed with `{:?}` (shortest round-trip: `1.0`, `1e-10`, `inf`, `NaN`);

@@ -1,4 +1,5 @@
-//! The line parser: mesh, instructions and outputs, each type-checked as it is read.
+//! The line parser: mesh, instructions and outputs, each type-checked as it is read (an
+//! instruction's scope and checkpoint mark checked too).
 
 use std::collections::HashMap;
 
@@ -205,7 +206,7 @@ impl Parser {
         };
         let scope = self.scope(c)?;
         if scope.is_some() {
-            c.expect_end("`grad` or end of line after the scope")?;
+            // `scope` read through the end of the line.
         } else if sharding.is_some() {
             c.expect_end("a scope `\"path\"` or end of line after the sharding")?;
         } else {
@@ -255,7 +256,8 @@ impl Parser {
     }
 
     /// The optional scope at the end of an instruction: `"path"`, then `grad` for the
-    /// backward pass.
+    /// backward pass, then `checkpoint` (the path is a checkpoint region) or
+    /// `checkpoint="region"` (it lies in that region), then the end of the line.
     fn scope(&mut self, c: &mut Cursor) -> Result<Option<ScopeId>, ParseError> {
         if !matches!(c.peek().tok, Tok::Str(_)) {
             return Ok(None);
@@ -265,10 +267,29 @@ impl Parser {
         if grad {
             c.bump();
         }
-        Ok(Some(self.prog.scopes.intern(Scope {
+        let mut scope = Scope {
             path: path.into_owned(),
             grad,
-        })))
+            checkpoint: None,
+        };
+        if c.peek().tok == Tok::Ident("checkpoint") {
+            let col = c.bump().col;
+            let region = match c.eat_punct('=') {
+                Some(_) => c
+                    .string("a checkpoint region `\"path\"` after `checkpoint=`")?
+                    .0
+                    .into_owned(),
+                None => scope.path.clone(),
+            };
+            scope.checkpoint = Some(region);
+            scope.check().map_err(|e| c.err(col, e))?;
+            c.expect_end("end of line after the checkpoint mark")?;
+        } else if grad {
+            c.expect_end("`checkpoint` or end of line after `grad`")?;
+        } else {
+            c.expect_end("`grad`, `checkpoint` or end of line after the scope")?;
+        }
+        Ok(Some(self.prog.scopes.intern(scope)))
     }
 
     /// The arguments in parentheses (the `(` already consumed) through `)`: the name of a

@@ -1,5 +1,6 @@
 //! The printer: one line per instruction, `%i` names by index, numbers that parse back
-//! to the same bits, strings with escapes.
+//! to the same bits, strings with escapes, scopes with their `grad` marker and checkpoint
+//! mark.
 
 use std::fmt;
 
@@ -84,10 +85,15 @@ impl fmt::Display for InstrLine<'_> {
             write!(f, " @{s}")?;
         }
         let scope = self.p.scopes.get(ins.scope);
-        if !scope.path.is_empty() || scope.grad {
+        if !scope.path.is_empty() || scope.grad || scope.checkpoint.is_some() {
             write!(f, " {}", Quoted(&scope.path))?;
             if scope.grad {
                 f.write_str(" grad")?;
+            }
+            match &scope.checkpoint {
+                None => {}
+                Some(r) if *r == scope.path => f.write_str(" checkpoint")?,
+                Some(r) => write!(f, " checkpoint={}", Quoted(r))?,
             }
         }
         Ok(())

@@ -39,6 +39,7 @@ pub fn config(enc_layers: usize) -> TransformerConfig {
         label_smoothing: 0.1,
         dtype: DType::F64,
         precision: Precision::Full,
+        checkpoint: Default::default(),
     }
 }
 

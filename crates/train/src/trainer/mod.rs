@@ -104,7 +104,7 @@ pub enum TrainError {
     RunExists { dir: PathBuf, step: Option<u64> },
     #[error("--resume: {dir} has no checkpoint (checkpoint/manifest.json or checkpoint.safetensors) to resume from; drop --resume to start a new run there")]
     NoCheckpoint { dir: PathBuf },
-    #[error("--resume: the config differs from the run's own ({dir}/config.toml) in {}; only `steps`, `data.dir`, `mesh` and `model.remat` may change when resuming (drop --config to use the run's), or start a new run with another --out", fields.join(", "))]
+    #[error("--resume: the config differs from the run's own ({dir}/config.toml) in {}; only `steps`, `data.dir`, `mesh`, `model.remat`, `model.checkpoint` and `model.overlap` may change when resuming (drop --config to use the run's), or start a new run with another --out", fields.join(", "))]
     ConfigChanged { dir: PathBuf, fields: Vec<String> },
     #[error("step {step}: {what} is not finite{}; {skipped} step(s) in a row were not applied and no checkpoint of them was written (the last good one stays); lower the learning rate (optimizer.lr), enable clipping, or raise nonfinite_limit to skip more such steps", last_finite.map(|(s, l)| format!(" (last finite loss {l:.4} at step {s})")).unwrap_or_default())]
     NonFinite {

@@ -145,8 +145,9 @@ pub struct Sample {
 
 /// Config fields that may differ between a run and its resumption: how long it runs, where
 /// the corpus lives, the mesh and the weight sharding (a checkpoint loads on any mesh) and
-/// what the step recomputes (rematerialisation changes no value).
-const MAY_CHANGE_ON_RESUME: [&str; 8] = [
+/// what the step recomputes (rematerialisation and the checkpoint regions it recomputes
+/// change no value).
+const MAY_CHANGE_ON_RESUME: [&str; 9] = [
     "steps",
     "data.dir",
     "mesh.data",
@@ -154,6 +155,7 @@ const MAY_CHANGE_ON_RESUME: [&str; 8] = [
     "mesh.model",
     "mesh.shard_weights",
     "model.remat",
+    "model.checkpoint",
     "model.overlap",
 ];
 
