@@ -9,8 +9,9 @@
 #
 # GSHARD=path/to/gshard uses that binary (built with --features mpi) instead of building
 # the release one.
-# The layer: 32 groups of 32 tokens, 4 experts, model dim 2048, hidden dim 32, capacity 16:
-# little compute per byte, so that the link matters on a 2-core machine.
+# The layer: 32 groups of 32 tokens, 4 experts, model dim 2048, hidden dim 256, capacity 16:
+# few FLOPs per byte sent, so that the link matters on a 2-core machine, and enough expert
+# work per chunk to hide an all-to-all behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-1gbit}
@@ -21,14 +22,14 @@ B="${GSHARD:-${CARGO_TARGET_DIR:-target}/release/gshard}"
 [ -n "${GSHARD:-}" ] || cargo build --release -p cli --features mpi -q >&2
 scripts/testbed up --hosts 2 --rate "$RATE" >&2
 trap 'scripts/testbed down >&2' EXIT
-LAYER=(--groups 32 --group-size 32 --experts 4 --model-dim 2048 --hidden-dim 32
+LAYER=(--groups 32 --group-size 32 --experts 4 --model-dim 2048 --hidden-dim 256
   --capacity-factor 1 --steps "$STEPS" --warmup 2 --prepare-reps 1 --json)
 TMP=$(mktemp)
 for per in $LAYOUTS; do
   while IFS='|' read -r name args; do
     # shellcheck disable=SC2086
     line=$(scripts/testbed mpirun --per-host "$per" -- "$B" bench moe-layer --backend mpi \
-      "${LAYER[@]}" $args 2>/dev/null | tail -1)
+      "${LAYER[@]}" $args 2>/dev/null </dev/null | tail -1)
     echo "{\"layout\": \"2x$per\", \"rate\": \"$RATE\", \"row\": \"$name\", \"result\": $line}" | tee -a "$OUT" >>"$TMP"
   done <<'ROWS'
 flat|--overlap 1

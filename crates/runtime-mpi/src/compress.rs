@@ -259,11 +259,19 @@ fn fp8_encode_piece(f32_bytes: &[u8], out: &mut Vec<u8>) {
 fn fp8_decode_piece(wire: &[u8], n: usize, out: &mut Vec<u8>) {
     let blocks = n.div_ceil(FP8_BLOCK);
     let (scales, codes) = wire.split_at(4 * blocks);
-    for (i, &c) in codes[..n].iter().enumerate() {
-        let s = &scales[4 * (i / FP8_BLOCK)..];
+    let table = e4m3_table();
+    for (b, s) in codes[..n].chunks(FP8_BLOCK).zip(scales.chunks_exact(4)) {
         let s = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-        out.extend_from_slice(&(e4m3_to(c) * s).to_le_bytes());
+        for &c in b {
+            out.extend_from_slice(&(table[c as usize] * s).to_le_bytes());
+        }
     }
+}
+
+/// Every e4m3 code's value, computed once.
+fn e4m3_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|c| e4m3_to(c as u8)))
 }
 
 /// e4m3's NaN (S.1111.111).
@@ -273,7 +281,8 @@ const E4M3_NAN: u8 = 0x7f;
 fn e4m3_from(y: f32) -> u8 {
     let sign = if y.is_sign_negative() { 0x80 } else { 0 };
     let a = y.abs().min(E4M3_MAX);
-    if a < 2f32.powi(-6) {
+    // The smallest normal, 2^-6.
+    if a < 0.015625 {
         // Subnormals m · 2^-9 (m = 0..7); m = 8 is the smallest normal, code 0x08.
         return sign | (a * 512.0).round_ties_even() as u8;
     }
