@@ -1,5 +1,6 @@
 //! Rematerialisation measured: for the main job's model (2+2 layers) and a 12+12-layer one,
-//! each `model.remat` policy's executor-measured peak memory per device over a training
+//! each `model.remat` policy's (`marked` with the model marking its feed-forward, then also
+//! its attention sublayers) executor-measured peak memory per device over a training
 //! step on the main job's mesh (data=2 x expert=4, in process), the share of the step's
 //! FLOPs that recomputes forward values, and the step time. The batch is synthetic (packed
 //! rows of four 8-token pairs); memory and FLOPs do not depend on the tokens, the build
@@ -54,11 +55,24 @@ fn main() {
     println!("| model | remat | peak memory per device (MiB) | recomputed FLOPs / step FLOPs | step (s, median of {steps}) |");
     println!("|---|---|---|---|---|");
     for (layers, name) in [(2, "main job, 2+2 layers"), (12, "12+12 layers")] {
-        for policy in ["none", "layer", "dots"] {
+        let policies: [(&str, &[&str]); 5] = [
+            ("none", &[]),
+            ("layer", &[]),
+            ("dots", &[]),
+            ("marked", &["ffn"]),
+            ("marked", &["attention", "ffn"]),
+        ];
+        for (policy, marks) in policies {
             let mut cfg = TrainConfig::default();
             cfg.model.enc_layers = layers;
             cfg.model.dec_layers = layers;
             cfg.model.remat = policy.to_string();
+            cfg.model.checkpoint = marks.iter().map(|m| m.to_string()).collect();
+            let policy = if marks.is_empty() {
+                policy.to_string()
+            } else {
+                format!("{policy} {marks:?}")
+            };
             cfg.validate().expect("valid config");
             let vocab = cfg.data.vocab_size;
             let step = step_program(&cfg, vocab).expect("step program");
