@@ -5,7 +5,10 @@
 # Root only (network namespaces). Prints a Markdown table and appends the JSON lines to
 # bench/results/testbed_moe.jsonl.
 #
-#   bench/testbed_moe.sh                       # RATE=1gbit STEPS=9 LAYOUTS="1 2"
+#   bench/testbed_moe.sh          # RATE=1gbit STEPS=9 ROUNDS=3 LAYOUTS="1 2" ROWS="..."
+#
+# Every round runs every row once (so a slow spell of the shared host hits all rows
+# alike); each cell is the median over the rounds of each run's median step.
 #
 # GSHARD=path/to/gshard uses that binary (built with --features mpi) instead of building
 # the release one.
@@ -16,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-1gbit}
 STEPS=${STEPS:-9}
+ROUNDS=${ROUNDS:-3}
 LAYOUTS=${LAYOUTS:-"1 2"}
 OUT=bench/results/testbed_moe.jsonl
 B="${GSHARD:-${CARGO_TARGET_DIR:-target}/release/gshard}"
@@ -25,14 +29,7 @@ trap 'scripts/testbed down >&2' EXIT
 LAYER=(--groups 32 --group-size 32 --experts 4 --model-dim 2048 --hidden-dim 256
   --capacity-factor 1 --steps "$STEPS" --warmup 2 --prepare-reps 1 --json)
 TMP=$(mktemp)
-for per in $LAYOUTS; do
-  while IFS='|' read -r name args; do
-    # shellcheck disable=SC2086
-    line=$(scripts/testbed mpirun --per-host "$per" -- "$B" bench moe-layer --backend mpi \
-      "${LAYER[@]}" $args 2>/dev/null </dev/null | tail -1)
-    echo "{\"layout\": \"2x$per\", \"rate\": \"$RATE\", \"row\": \"$name\", \"result\": $line}" | tee -a "$OUT" >>"$TMP"
-  done <<'ROWS'
-flat|--overlap 1
+ALL_ROWS='flat|--overlap 1
 chunks 2, blocking|--overlap 2 --blocking
 overlap 2|--overlap 2
 chunks 4, blocking|--overlap 4 --blocking
@@ -40,13 +37,28 @@ overlap 4|--overlap 4
 all-to-all bf16|--compress all-to-all
 all-to-all fp8|--compress all-to-all:fp8
 two-level|--all-to-all two-level
-overlap 2 + fp8 + two-level|--overlap 2 --compress all-to-all:fp8 --all-to-all two-level
-ROWS
+overlap 2 + fp8 + two-level|--overlap 2 --compress all-to-all:fp8 --all-to-all two-level'
+for round in $(seq "$ROUNDS"); do
+for per in $LAYOUTS; do
+  while IFS='|' read -r name args; do
+    # shellcheck disable=SC2086
+    line=$(scripts/testbed mpirun --per-host "$per" -- "$B" bench moe-layer --backend mpi \
+      "${LAYER[@]}" $args 2>/dev/null </dev/null | tail -1)
+    echo "{\"layout\": \"2x$per\", \"rate\": \"$RATE\", \"round\": $round, \"row\": \"$name\", \"result\": $line}" | tee -a "$OUT" >>"$TMP"
+  done <<<"${ROWS:-$ALL_ROWS}"
+done
 done
 python3 - "$TMP" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-by = {(r["layout"], r["row"]): r["result"] for r in rows}
+runs = {}
+for r in rows:
+    runs.setdefault((r["layout"], r["row"]), []).append(r["result"])
+def med(v):
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+keys = ("step_seconds", "all_to_all_blocking_seconds")
+by = {k: {x: med([r[x] for r in v]) for x in keys} for k, v in runs.items()}
 layouts = sorted({r["layout"] for r in rows})
 print("| option | " + " | ".join(f"{l} step | {l} all-to-all (blocking) | {l} vs flat" for l in layouts) + " |")
 print("|---|" + "---|---|---|" * len(layouts))

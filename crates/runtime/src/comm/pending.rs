@@ -6,7 +6,12 @@
 
 use super::CommError;
 use crate::tensor::HostTensor;
-use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::time::Duration;
+
+/// How long a waiting thread with nothing else to run sleeps on the channel before it looks
+/// for pool jobs again.
+const IDLE_WAIT: Duration = Duration::from_micros(50);
 
 /// What a collective returns: one result per local device.
 pub type Results = Result<Vec<HostTensor>, CommError>;
@@ -57,28 +62,35 @@ impl Pending {
     /// Wait until the results exist (an error if the running side vanished), running the
     /// rayon pool's jobs meanwhile when called on one of its threads.
     pub fn finish(self) -> Results {
-        match self.state {
-            State::Done(r) => r,
-            State::Running(rx) => loop {
-                match rx.try_recv() {
-                    Ok(r) => return r,
-                    Err(TryRecvError::Disconnected) => {
-                        return Err(CommError::Failed {
-                            index: self.index,
-                            op: self.op,
-                            msg: "the thread running it ended without results".into(),
-                        })
-                    }
-                    // A pool thread waiting here runs the pool's jobs meanwhile (the
-                    // communication thread may have handed its copies to the pool), so
-                    // the wait ends even on a pool of one thread.
-                    Err(TryRecvError::Empty) => {
-                        if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                            std::thread::yield_now();
+        let rx = match self.state {
+            State::Done(r) => return r,
+            State::Running(rx) => rx,
+        };
+        let vanished = || CommError::Failed {
+            index: self.index,
+            op: self.op.clone(),
+            msg: "the thread running it ended without results".into(),
+        };
+        loop {
+            match rx.try_recv() {
+                Ok(r) => return r,
+                Err(TryRecvError::Disconnected) => return Err(vanished()),
+                // A pool thread waiting here runs the pool's jobs meanwhile (the
+                // communication thread may have handed its copies to the pool), so the
+                // wait ends even on a pool of one thread. With no job to run it sleeps on
+                // the channel for a moment instead of spinning: the core is what the
+                // communication thread (and, under MPI, another rank on the same machine)
+                // needs to finish the collective.
+                Err(TryRecvError::Empty) => {
+                    if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                        match rx.recv_timeout(IDLE_WAIT) {
+                            Ok(r) => return r,
+                            Err(RecvTimeoutError::Disconnected) => return Err(vanished()),
+                            Err(RecvTimeoutError::Timeout) => {}
                         }
                     }
                 }
-            },
+            }
         }
     }
 }
