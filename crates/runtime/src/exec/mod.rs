@@ -42,7 +42,6 @@
 //! same peak from the plan alone, with the buffers live there (`memory`).
 
 mod collective;
-mod dump;
 mod ids;
 mod kernel;
 pub(crate) mod liveness;
@@ -227,7 +226,7 @@ impl Executable {
             })?;
         }
         let order = Segments::of(p, &plan);
-        let exe = Executable {
+        Ok(Executable {
             program: p.clone(),
             options,
             plan,
@@ -235,9 +234,7 @@ impl Executable {
             order,
             pools: Mutex::new(Vec::new()),
             tables,
-        };
-        dump::dump_hook(p, options.passes == Passes::None, &exe);
-        Ok(exe)
+        })
     }
 
     /// The plan the devices run (its text: [`Plan`]'s `Display`).
