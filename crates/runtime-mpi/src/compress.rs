@@ -235,8 +235,8 @@ fn fp8_encode_piece(f32_bytes: &[u8], out: &mut Vec<u8>) {
         .map(|b| {
             let amax = b
                 .iter()
-                .filter(|v| v.is_finite())
-                .fold(0f32, |m, v| m.max(v.abs()));
+                .map(|v| if v.is_finite() { v.abs() } else { 0.0 })
+                .fold(0f32, f32::max);
             amax / E4M3_MAX
         })
         .collect();
@@ -279,27 +279,19 @@ const E4M3_NAN: u8 = 0x7f;
 
 /// The e4m3 code nearest `y` (ties to even), saturating at ±448; `y` finite.
 fn e4m3_from(y: f32) -> u8 {
-    let sign = if y.is_sign_negative() { 0x80 } else { 0 };
+    let sign = ((y.to_bits() >> 24) & 0x80) as u8;
     let a = y.abs().min(E4M3_MAX);
-    // The smallest normal, 2^-6.
+    // Below the smallest normal, 2^-6: subnormals m · 2^-9 (m = 0..7; m = 8 is the smallest
+    // normal's code, 0x08).
     if a < 0.015625 {
-        // Subnormals m · 2^-9 (m = 0..7); m = 8 is the smallest normal, code 0x08.
         return sign | (a * 512.0).round_ties_even() as u8;
     }
-    let bits = a.to_bits();
-    let exp = ((bits >> 23) & 0xff) as i32 - 127; // -6..=8
-    let mant = bits & 0x7f_ffff;
-    let (mut m, rest) = (mant >> 20, mant & 0xf_ffff);
-    let half = 0x8_0000;
-    if rest > half || (rest == half && m & 1 == 1) {
-        m += 1;
-    }
-    let mut e = exp + 7;
-    if m == 8 {
-        m = 0;
-        e += 1;
-    }
-    sign | ((e as u8) << 3) | m as u8
+    // Round f32's 23 mantissa bits to 3, ties to even; a carry moves into the exponent,
+    // which is then rebiased from 127 to 7 (a <= 448, e4m3's largest, rounds to at most
+    // 448).
+    let b = a.to_bits();
+    let r = (b + 0x7_ffff + ((b >> 20) & 1)) >> 20;
+    sign | (r - ((127 - 7) << 3)) as u8
 }
 
 /// The value of e4m3 code `c`.
