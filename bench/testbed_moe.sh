@@ -75,6 +75,8 @@ for n in names:
     print(f"| {n} | " + " | ".join(cells) + " |")
 for l in layouts:
     for k in (2, 4):
+        if (l, f"overlap {k}") not in by or (l, f"chunks {k}, blocking") not in by:
+            continue
         b, o = by[(l, f"chunks {k}, blocking")], by[(l, f"overlap {k}")]
         a = b["all_to_all_blocking_seconds"]
         hid = (b["step_seconds"] - o["step_seconds"]) / a if a > 0 else float("nan")
