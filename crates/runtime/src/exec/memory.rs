@@ -383,18 +383,25 @@ impl<'a> Walk<'a> {
     /// The start of a collective (the executor's `start`): its operand, moved in or
     /// copied, stays live until its wait.
     fn start(&mut self, si: StepId) {
+        let value = self.exe.plan.steps[si].value;
+        self.hold_operand(si, value, Held::InFlight);
+    }
+
+    /// Collective step `si`'s operand held as `held` under `key` until released: moved
+    /// in when it dies here and nothing else holds its buffer, else copied (the copy
+    /// counted live), as the executor's `operands` does.
+    fn hold_operand(&mut self, si: StepId, key: ValueId, held: Held) {
         let exe = self.exe;
-        let s = &exe.plan.steps[si];
-        let v = s.reads[0];
+        let v = exe.plan.steps[si].reads[0];
         let c = exe.live.class[v];
         let dies = exe.live.last_read[c] == si && exe.live.members[c].len() == 1;
         let id = self.vals[v].expect("operands are live");
         let b = self.bufs[id].bytes;
         if dies && self.bufs[id].own && self.bufs[id].holders == 1 {
             self.vals[v] = None;
-            self.extra.push((s.value, b, Held::InFlight));
+            self.extra.push((key, b, held));
         } else {
-            self.add_extra(s.value, b, Held::InFlight);
+            self.add_extra(key, b, held);
         }
     }
 
@@ -413,20 +420,10 @@ impl<'a> Walk<'a> {
 
     /// A collective over the operand (the executor's `collective`).
     fn collective(&mut self, si: StepId) {
-        let exe = self.exe;
-        let s = &exe.plan.steps[si];
-        let v = s.reads[0];
-        let c = exe.live.class[v];
-        let dies = exe.live.last_read[c] == si && exe.live.members[c].len() == 1;
-        let id = self.vals[v].expect("operands are live");
-        let b = self.bufs[id].bytes;
-        if dies && self.bufs[id].own && self.bufs[id].holders == 1 {
-            self.vals[v] = None;
-            self.extra.push((v, b, Held::CollectiveOperand));
-        } else {
-            self.add_extra(v, b, Held::CollectiveOperand);
-        }
-        self.alloc(s.value);
+        let s = &self.exe.plan.steps[si];
+        let (v, value) = (s.reads[0], s.value);
+        self.hold_operand(si, v, Held::CollectiveOperand);
+        self.alloc(value);
         let done: usize = self
             .extra
             .iter()
