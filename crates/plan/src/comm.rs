@@ -78,7 +78,7 @@ pub fn options(cost: &StepCost, hw: &Hardware, devices: usize, t: &StepTime) -> 
     let (a0, r0) = (a2a(1.0, 1.0), ar(1.0));
     let rest = t.step_seconds - a0 - r0;
     let expert = t.expert_seconds;
-    let row = |option: &str, a: f64, r: f64, k: usize, note: String| {
+    let row = |option: &str, a: f64, r: f64, k: usize| {
         let hidden = if k > 1 {
             a.min(expert) * (k - 1) as f64 / k as f64
         } else {
@@ -90,44 +90,30 @@ pub fn options(cost: &StepCost, hw: &Hardware, devices: usize, t: &StepTime) -> 
             all_to_all_seconds: a,
             all_reduce_seconds: r,
             hidden_seconds: hidden,
-            note,
+            note: String::new(),
         }
     };
     let mut out = vec![
-        row("as planned (flat, blocking, f32)", a0, r0, 1, String::new()),
-        row("all-to-all bf16", a2a(BF16, 1.0), r0, 1, String::new()),
-        row("all-to-all fp8", a2a(FP8, 1.0), r0, 1, String::new()),
-        row("all-reduce bf16", a0, ar(BF16), 1, String::new()),
+        row("as planned (flat, blocking, f32)", a0, r0, 1),
+        row("all-to-all bf16", a2a(BF16, 1.0), r0, 1),
+        row("all-to-all fp8", a2a(FP8, 1.0), r0, 1),
+        row("all-reduce bf16", a0, ar(BF16), 1),
     ];
     for k in [2usize, 4] {
-        out.push(row(
-            &format!("overlap {k}"),
-            a2a(1.0, k as f64),
-            r0,
-            k,
-            String::new(),
-        ));
+        out.push(row(&format!("overlap {k}"), a2a(1.0, k as f64), r0, k));
     }
     out.push(row(
         "overlap 4 + fp8 + all-reduce bf16",
         a2a(FP8, 4.0),
         ar(BF16),
         4,
-        String::new(),
     ));
-    out.push(two_level(cost, hw, devices, rest, a0, r0));
+    out.push(two_level(cost, hw, rest, a0, r0));
     out
 }
 
 /// The two-level all-to-all's row: message counts and the passes inside islands.
-fn two_level(
-    cost: &StepCost,
-    hw: &Hardware,
-    devices: usize,
-    rest: f64,
-    a0: f64,
-    r0: f64,
-) -> CommOption {
+fn two_level(cost: &StepCost, hw: &Hardware, rest: f64, a0: f64, r0: f64) -> CommOption {
     let net = &hw.network;
     let mut row = CommOption {
         option: "two-level all-to-all".into(),
@@ -161,7 +147,6 @@ fn two_level(
         let remote = c.bytes as f64 * (c.group - inside) as f64 / (c.group - 1).max(1) as f64;
         extra += 2.0 * remote / ib;
     }
-    let _ = devices;
     if flat == 0 {
         row.note = "every all-to-all group fits in one island: nothing to combine".into();
         return row;

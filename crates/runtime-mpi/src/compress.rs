@@ -140,11 +140,6 @@ impl Compress {
         }
         Ok(())
     }
-
-    /// Whether nothing is compressed.
-    pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
-    }
 }
 
 impl fmt::Display for Rule {

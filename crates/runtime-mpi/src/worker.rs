@@ -14,7 +14,7 @@
 use crate::backend::Core;
 use crate::{HostId, Traffic};
 use ir::{Mesh, Op};
-use runtime::comm::{Pending, Reply};
+use runtime::comm::{run_collective, Pending, Reply, Results};
 use runtime::{CommError, Communicator, HostTensor};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, SendError, Sender};
@@ -29,6 +29,21 @@ struct Job {
     local: Vec<HostTensor>,
     perm: Option<Vec<usize>>,
     reply: Reply,
+}
+
+impl Job {
+    /// Run the collective on `core` (its operands move in; the reply stays).
+    fn run(&mut self, core: &Core) -> Results {
+        let local = std::mem::take(&mut self.local);
+        run_collective(
+            core,
+            self.index,
+            &self.op,
+            &self.mesh,
+            local,
+            self.perm.as_deref(),
+        )
+    }
 }
 
 /// A communicator over `MPI_COMM_WORLD`: this process runs mesh position `rank`.
@@ -50,13 +65,8 @@ impl MpiComm {
         let thread = std::thread::Builder::new()
             .name("gshard-mpi-comm".into())
             .spawn(move || {
-                for job in rx {
-                    let r = match &job.perm {
-                        Some(perm) => {
-                            c.collective_transposed(job.index, &job.op, &job.mesh, job.local, perm)
-                        }
-                        None => c.collective(job.index, &job.op, &job.mesh, job.local),
-                    };
+                for mut job in rx {
+                    let r = job.run(&c);
                     // Counted out before the answer: once the caller holds it, nothing of
                     // this job is left on the thread.
                     n.fetch_sub(1, Ordering::SeqCst);
@@ -114,7 +124,7 @@ impl MpiComm {
         perm: Option<&[usize]>,
     ) -> Pending {
         let (pending, reply) = Pending::running(index, op.name());
-        let job = Job {
+        let mut job = Job {
             index,
             op: op.clone(),
             mesh: mesh.clone(),
@@ -125,43 +135,25 @@ impl MpiComm {
         match &self.jobs {
             Some(tx) => {
                 self.in_flight.fetch_add(1, Ordering::SeqCst);
-                if let Err(SendError(job)) = tx.send(job) {
+                if let Err(SendError(mut job)) = tx.send(job) {
                     // The thread is gone (it panicked): run here, nothing is queued.
                     self.in_flight.fetch_sub(1, Ordering::SeqCst);
-                    reply_here(self, job);
+                    let r = job.run(&self.core);
+                    job.reply.send(r);
                 }
             }
-            None => reply_here(self, job),
+            None => {
+                let r = job.run(&self.core);
+                job.reply.send(r);
+            }
         }
         pending
-    }
-
-    fn run_here(
-        &self,
-        index: usize,
-        op: &Op,
-        mesh: &Mesh,
-        local: Vec<HostTensor>,
-        perm: Option<Vec<usize>>,
-    ) -> Result<Vec<HostTensor>, CommError> {
-        match perm {
-            Some(perm) => self
-                .core
-                .collective_transposed(index, op, mesh, local, &perm),
-            None => self.core.collective(index, op, mesh, local),
-        }
     }
 
     /// Whether nothing is queued or running on the communication thread.
     fn idle(&self) -> bool {
         self.in_flight.load(Ordering::SeqCst) == 0
     }
-}
-
-/// Run `job` on the calling thread and answer it.
-fn reply_here(comm: &MpiComm, job: Job) {
-    let r = comm.run_here(job.index, &job.op, &job.mesh, job.local, job.perm);
-    job.reply.send(r);
 }
 
 impl Drop for MpiComm {

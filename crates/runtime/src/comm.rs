@@ -715,6 +715,23 @@ unsafe fn copy_blocks<T: Copy>(
     };
 }
 
+/// Collective `op` on `comm`, its results transposed by `perm` when given: what
+/// [`Communicator::start`] asks for, run to completion on the calling thread (a backend's
+/// communication thread calls it too).
+pub fn run_collective<C: Communicator + ?Sized>(
+    comm: &C,
+    index: usize,
+    op: &Op,
+    mesh: &Mesh,
+    local: Vec<HostTensor>,
+    perm: Option<&[usize]>,
+) -> Results {
+    match perm {
+        Some(perm) => comm.collective_transposed(index, op, mesh, local, perm),
+        None => comm.collective(index, op, mesh, local),
+    }
+}
+
 /// [`Communicator::start`] that completes the collective before it returns (the trait's
 /// default, and `InProcess` without its communication thread).
 fn start_blocking<C: Communicator + ?Sized>(
@@ -725,11 +742,11 @@ fn start_blocking<C: Communicator + ?Sized>(
     local: Vec<HostTensor>,
     perm: Option<&[usize]>,
 ) -> Pending {
-    let r = match perm {
-        Some(perm) => comm.collective_transposed(index, op, mesh, local, perm),
-        None => comm.collective(index, op, mesh, local),
-    };
-    Pending::done(index, op.name(), r)
+    Pending::done(
+        index,
+        op.name(),
+        run_collective(comm, index, op, mesh, local, perm),
+    )
 }
 
 impl Communicator for InProcess {
@@ -757,11 +774,14 @@ impl Communicator for InProcess {
         };
         let (op, mesh, perm) = (op.clone(), mesh.clone(), perm.map(<[usize]>::to_vec));
         std::thread::spawn(move || {
-            let r = match &perm {
-                Some(perm) => me.collective_transposed(index, &op, &mesh, local, perm),
-                None => me.collective(index, &op, &mesh, local),
-            };
-            reply.send(r);
+            reply.send(run_collective(
+                &me,
+                index,
+                &op,
+                &mesh,
+                local,
+                perm.as_deref(),
+            ));
         });
         pending
     }
