@@ -1,4 +1,5 @@
-//! The README's load-balancing comparison: the main job's config trained twice on the same
+//! The README's load-balancing comparison: the main job's config at its earlier data shape
+//! (`bench/rows32.toml`: 64 rows of 32 tokens, long pairs cut, no dropout) trained twice on the same
 //! corpus, seed and steps, once with GShard's auxiliary loss (`model.balance = "aux_loss"`,
 //! the default) and once with DeepSeek-V3's bias balancing (`model.balance = "bias"`,
 //! `bias_rate = 0.001`), through `trainer::run` as `gshard train` does. The table comes from
@@ -7,7 +8,7 @@
 //!
 //! `cargo run --release -p train --example balance -- DATA_DIR STEPS OUT_DIR`
 
-use train::config::TrainConfig;
+use train::config::{LongPairs, TrainConfig};
 use train::data::Corpus;
 use train::trainer::{run, Event, RunOptions};
 
@@ -23,6 +24,9 @@ fn main() {
             ..TrainConfig::default()
         };
         cfg.data.dir = data.to_string();
+        (cfg.data.max_len, cfg.data.batch_size) = (32, 64);
+        cfg.data.long_pairs = LongPairs::Cut;
+        cfg.model.dropout = 0.0;
         cfg.model.balance = balance.to_string();
         let opts = RunOptions {
             overwrite: true,

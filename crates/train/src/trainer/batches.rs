@@ -2,7 +2,7 @@
 //! [`Example`]s, and cutting the batch of each step as a pure function of `(seed, step)`.
 
 use super::TrainError;
-use crate::config::TrainConfig;
+use crate::config::{LongPairs, TrainConfig};
 use crate::data::split::{english_hash, english_key};
 use crate::data::{Corpus, LangSampler, Pair, Split};
 use crate::tokenizer::Tokenizer;
@@ -98,6 +98,7 @@ pub fn select_langs(cfg: &TrainConfig, corpus: &Corpus) -> Result<Vec<String>, T
     Ok(langs)
 }
 
+/// `p` as token ids, each side cut to fit `max_len` (the target keeps one slot for `<s>`).
 pub(super) fn encode(tok: &Tokenizer, p: &Pair, max_len: usize) -> Result<Example, TrainError> {
     Ok(Example {
         lang: p.lang.to_string(),
@@ -105,6 +106,23 @@ pub(super) fn encode(tok: &Tokenizer, p: &Pair, max_len: usize) -> Result<Exampl
         tgt: tok.encode_target(&p.english, max_len - 1)?,
         english: p.english.clone(),
     })
+}
+
+/// A training pair as [`encode`] makes it, or `None` when `long` is
+/// [`LongPairs::Drop`] and a side does not fit `max_len` whole.
+fn encode_train(
+    tok: &Tokenizer,
+    p: &Pair,
+    max_len: usize,
+    long: LongPairs,
+) -> Result<Option<Example>, TrainError> {
+    let whole = encode(tok, p, usize::MAX)?;
+    let fits = whole.src.len() <= max_len && whole.tgt.len() < max_len;
+    match (fits, long) {
+        (true, _) => Ok(Some(whole)),
+        (false, LongPairs::Drop) => Ok(None),
+        (false, LongPairs::Cut) => encode(tok, p, max_len).map(Some),
+    }
 }
 
 /// Tokenize the chosen languages' train pairs and a fixed, language-balanced dev set.
@@ -123,11 +141,12 @@ pub fn prepare_data(
             .split(l, Split::Train)
             .iter()
             .filter(keep)
-            .map(|p| encode(tok, p, cfg.data.max_len))
+            .filter_map(|p| encode_train(tok, p, cfg.data.max_len, cfg.data.long_pairs).transpose())
             .collect::<Result<_, _>>()?;
         if ex.is_empty() {
             return Err(TrainError::Data(format!(
-                "language `{l}` has no training pair with >= {min_words} English words"
+                "language `{l}` has no training pair with >= {min_words} English words that fits data.max_len = {}; lower data.min_english_words or raise data.max_len",
+                cfg.data.max_len
             )));
         }
         sizes.push((l.clone(), ex.len()));
@@ -516,5 +535,33 @@ mod tests {
             "{real} of {} slots",
             2 * b * l
         );
+    }
+
+    #[test]
+    fn long_training_pairs_are_dropped_or_cut_whole_ones_kept() {
+        let tok =
+            Tokenizer::train(["eins zwei drei vier", "one two three four"], &["de"], 300).unwrap();
+        let pair = |source: &str, english: &str| Pair {
+            lang: "de".into(),
+            origin: "test".into(),
+            english: english.into(),
+            source: source.into(),
+        };
+        let short = pair("eins zwei", "one two");
+        let long_src = pair(&"eins zwei drei vier ".repeat(8), "one two");
+        let long_tgt = pair("eins zwei", &"one two three four ".repeat(8));
+        let l = 12;
+        let whole = encode(&tok, &short, usize::MAX).unwrap();
+        assert!(whole.src.len() <= l && whole.tgt.len() < l);
+        for mode in [LongPairs::Drop, LongPairs::Cut] {
+            let kept = encode_train(&tok, &short, l, mode).unwrap().unwrap();
+            assert_eq!((kept.src, kept.tgt), (whole.src.clone(), whole.tgt.clone()));
+        }
+        for p in [&long_src, &long_tgt] {
+            assert!(encode_train(&tok, p, l, LongPairs::Drop).unwrap().is_none());
+            let cut = encode_train(&tok, p, l, LongPairs::Cut).unwrap().unwrap();
+            assert!(cut.src.len() <= l && cut.tgt.len() < l);
+            assert_eq!(cut.tgt.last(), Some(&tok.eos_id()));
+        }
     }
 }
