@@ -225,8 +225,25 @@ fn two_runs_into_one_directory_are_refused_and_signals_save_the_work() {
 
 #[test]
 fn a_second_signal_ends_the_run_at_once() {
+    // On a loaded machine the trainer can be descheduled between printing "step 1:" and
+    // checking for a stop, so that the first signal stops it between steps and it writes
+    // its checkpoint before the second arrives: a graceful stop, not what this test is
+    // about. Such an attempt is retried (at most three in all); a second signal that lands
+    // inside a step must end the run at once every time.
+    for attempt in 1..=3 {
+        match interrupt_twice(&format!("double{attempt}")) {
+            Some(graceful) if attempt < 3 => eprintln!("attempt {attempt}: {graceful:?}"),
+            Some(graceful) => panic!("the second signal must not wait for the step: {graceful:?}"),
+            None => return,
+        }
+    }
+}
+
+/// Two SIGINTs 50 ms apart into a run of slow steps: `None` when the run ended at once
+/// (exit 130 without the graceful stop's line), else the lines the run printed.
+fn interrupt_twice(tag: &str) -> Option<Vec<String>> {
     // Steps of a few hundred milliseconds, so the second signal lands inside one.
-    let d = tiny_setup("double", "");
+    let d = tiny_setup(tag, "");
     let cfg = TINY
         .replace("model_dim = 16", "model_dim = 256")
         .replace("ffn_dim = 32", "ffn_dim = 1024")
@@ -258,9 +275,8 @@ fn a_second_signal_ends_the_run_at_once() {
     let status = child.wait().unwrap();
     let rest: Vec<String> = rx.iter().collect();
     assert_eq!(status.code(), Some(130), "{rest:?}");
-    assert!(
-        !rest.iter().any(|l| l.starts_with("interrupted by")),
-        "the second signal must not wait for the step: {rest:?}"
-    );
     assert!(started.elapsed().as_secs_f64() < 5.0);
+    rest.iter()
+        .any(|l| l.starts_with("interrupted by"))
+        .then_some(rest)
 }
