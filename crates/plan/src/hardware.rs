@@ -53,9 +53,25 @@ pub struct Device {
     /// one, `min(devices, threads)` of them at once. Empty: `gemm_rates`.
     #[serde(default)]
     pub gemm_rates_per_thread: Vec<[f64; 2]>,
+    /// Bytes per second of fused elementwise chains (all of the device's memory traffic
+    /// at once): below `memory_bytes_per_s` where the kernels compute more than they
+    /// move, as the executor's do. 0: `memory_bytes_per_s`.
+    #[serde(default)]
+    pub elementwise_bytes_per_s: f64,
 }
 
 impl Device {
+    /// The memory rate of an instruction of `family`: fused elementwise chains at their
+    /// measured rate where the profile has one, everything else at the memory bandwidth.
+    pub fn bytes_per_s(&self, family: crate::cost::Family) -> f64 {
+        let chains = self.elementwise_bytes_per_s;
+        if family == crate::cost::Family::Elementwise && chains > 0.0 {
+            chains.min(self.memory_bytes_per_s)
+        } else {
+            self.memory_bytes_per_s
+        }
+    }
+
     /// The FLOP rate of products of `m x k` by `k x n` with operands of `dtype`, on a
     /// step of `devices` devices.
     pub fn dot_flops_per_s(&self, dtype: ir::DType, m: u64, n: u64, k: u64, devices: usize) -> f64 {
@@ -195,6 +211,12 @@ impl Hardware {
         if !(self.device.step_seconds.is_finite() && self.device.step_seconds >= 0.0) {
             return Err("device.step_seconds: use a finite value >= 0".into());
         }
+        let chains = self.device.elementwise_bytes_per_s;
+        if !(chains.is_finite() && chains >= 0.0) {
+            return Err(format!(
+                "device.elementwise_bytes_per_s = {chains}: use a finite value >= 0 (0: the memory bandwidth)"
+            ));
+        }
         if self.device.threads == 0 {
             return Err("device.threads = 0: use at least 1".into());
         }
@@ -281,6 +303,7 @@ impl Hardware {
             h.device.gemm_rates = cap(m.gemm_rates, f32);
             h.device.gemm_rates_per_thread = cap(m.gemm_rates_per_thread, f32 / threads_f);
             h.network.latency_s = m.collective_seconds;
+            h.device.elementwise_bytes_per_s = m.elementwise_bytes_per_s.min(copy);
         }
         h
     }

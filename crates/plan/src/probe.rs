@@ -9,11 +9,17 @@
 //!   on one device (the pool's threads split each) less a chain of one, per product less
 //!   its fixed step time; and the same on one device per pool thread, each running its own
 //!   chain at once, per thread (how in-process devices run their dots);
+//! - the bandwidth of fused elementwise chains: [`ELEMENTWISE_GROUPS`] groups
+//!   `y = exp(x * w) + y` of `f32[`[`ELEMENTWISE_N`]`, `[`ELEMENTWISE_N`]`]` on one device per
+//!   pool thread at once, their bytes counted as the plan counts them
+//!   ([`crate::cost::StepCost`]), over the time less a chain of one group and the groups'
+//!   fixed step times (the executor's fused kernels run well below a memory copy's rate);
 //! - the start-up of an in-process collective: [`CHAIN`] pairs of a `4 x 4` product and a
 //!   sum all-reduce on [`COLLECTIVE_DEVICES`] devices, less the fixed time of the products
 //!   (each of the devices' steps, `ceil(devices / threads)` at a time), per all-reduce: the
 //!   fork and join of a segment across the pool and the collective's barrier.
 
+use crate::cost::{Family, StepCost};
 use runtime::{Data, Executable, HostTensor, InProcess};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -22,6 +28,10 @@ use std::time::Instant;
 pub const CHAIN: usize = 200;
 /// Sizes of the product probe.
 pub const GEMM_SIZES: [usize; 4] = [16, 64, 192, 512];
+/// Side of the elementwise probe's operands (64 KiB each, the size of the main job's).
+pub const ELEMENTWISE_N: usize = 128;
+/// Groups of the elementwise probe's chain.
+pub const ELEMENTWISE_GROUPS: usize = 40;
 /// Devices of the collective probe (the mesh of the bench runs: data=2 x expert=4).
 pub const COLLECTIVE_DEVICES: usize = 8;
 
@@ -33,6 +43,8 @@ pub struct Measured {
     pub gemm_rates: Vec<[f64; 2]>,
     pub gemm_rates_per_thread: Vec<[f64; 2]>,
     pub collective_seconds: f64,
+    /// Bytes per second of fused elementwise chains, all pool threads together.
+    pub elementwise_bytes_per_s: f64,
 }
 
 /// A prepared program and its inputs on `devices` in-process devices.
@@ -118,6 +130,26 @@ fn chain_of(n: usize, len: usize, mesh: Option<usize>, reduce: bool) -> String {
     s
 }
 
+/// A chain of `len` fused groups `y_{i+1} = exp(x * w) + y_i` of `f32[n, n]`, each group's
+/// result passed through a `reshape`, which ends the fusion, so the groups run one after
+/// another; on a mesh of `devices` when above 1 (no collective).
+fn elementwise_chain(n: usize, len: usize, devices: usize) -> String {
+    let mut s = String::new();
+    if devices > 1 {
+        s += &format!("mesh [data={devices}]\n");
+    }
+    s += &format!("%y0 = f32[{n},{n}] parameter(\"x\")\n%w = f32[{n},{n}] parameter(\"w\")\n");
+    for i in 0..len {
+        let (a, b) = (i, i + 1);
+        s += &format!(
+            "%m{b} = f32[{n},{n}] mul(%y0, %w)\n%e{b} = f32[{n},{n}] exp(%m{b})\n\
+             %s{b} = f32[{n},{n}] add(%e{b}, %y{a})\n%y{b} = f32[{n},{n}] reshape(%s{b})\n"
+        );
+    }
+    s += &format!("output \"y\" = %y{len}\n");
+    s
+}
+
 /// Measure (see the module doc) with `threads` pool threads; `None` where a program does
 /// not run.
 pub fn measure(threads: usize) -> Option<Measured> {
@@ -157,10 +189,28 @@ pub fn measure(threads: usize) -> Option<Measured> {
     let per_pair = (long - short) / (CHAIN / 4 - 1) as f64;
     let rounds = d.div_ceil(threads.max(1)) as f64;
     let collective_seconds = (per_pair - rounds * step_seconds).max(0.0);
+    // Fused elementwise chains, one device per thread, bytes as the plan counts them.
+    let (n, len, devices) = (ELEMENTWISE_N, ELEMENTWISE_GROUPS, threads.max(1));
+    let text = elementwise_chain(n, len, devices);
+    let bytes_of = |text: &str| -> Option<f64> {
+        let p = ir::text::parse(text).ok()?;
+        let c = StepCost::of(&p);
+        let elementwise = c.ops.iter().filter(|o| o.family == Family::Elementwise);
+        Some(elementwise.map(|o| o.bytes as f64).sum())
+    };
+    let (short_text, long_text) = (elementwise_chain(n, 1, devices), text);
+    let short = Bench::new(&short_text, n, devices)?.median(reps)?;
+    let long = Bench::new(&long_text, n, devices)?.median(reps)?;
+    let groups_bytes = bytes_of(&long_text)? - bytes_of(&short_text)?;
+    // Each group is a fused kernel and a reshape: two steps per device.
+    let fixed = 2.0 * (len - 1) as f64 * step_seconds;
+    let seconds = (long - short - fixed).max(1e-9);
+    let elementwise_bytes_per_s = groups_bytes * devices as f64 / seconds;
     Some(Measured {
         step_seconds,
         gemm_rates,
         gemm_rates_per_thread,
         collective_seconds,
+        elementwise_bytes_per_s,
     })
 }

@@ -77,7 +77,7 @@ pub fn step_time(cost: &StepCost, hw: &Hardware, devices: usize) -> StepTime {
             None => dev.peak_flops.of(o.dtype),
         };
         let flops = o.flops as f64 / rate;
-        let bytes = o.bytes as f64 / dev.memory_bytes_per_s;
+        let bytes = o.bytes as f64 / dev.bytes_per_s(o.family);
         let s = copies * flops.max(bytes);
         *t.compute.entry(o.family.name()).or_insert(0.0) += s;
         t.compute_seconds += s;

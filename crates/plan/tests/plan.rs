@@ -121,6 +121,48 @@ fn mfu_of_in_process_devices_counts_every_devices_matmuls() {
     assert!((0.5..=2.0).contains(&ratio), "{} vs {}", eight.mfu, one.mfu);
 }
 
+/// A measured rate of fused elementwise chains prices that family by its bytes at the
+/// rate (never above the memory bandwidth) and leaves every other family as it was.
+#[test]
+fn elementwise_chains_are_priced_at_their_own_rate() {
+    let hw = Hardware::built_in("this-cpu").unwrap();
+    assert_eq!(
+        hw.device.elementwise_bytes_per_s, 0.0,
+        "the file leaves it to the probe"
+    );
+    let cfg = train::config::TrainConfig::default();
+    let at = |hw: &Hardware| plan(&cfg, &PlanOptions::new(hw.clone(), "test")).unwrap();
+    let base = at(&hw);
+    let mut slow = hw.clone();
+    slow.device.elementwise_bytes_per_s = hw.device.memory_bytes_per_s / 4.0;
+    let quarter = at(&slow);
+    let family = |r: &plan::Report, f: &str| r.time.compute.get(f).copied().unwrap_or(0.0);
+    for f in ["matmul", "reduction", "layout", "indexing", "dispatch"] {
+        assert_eq!(family(&base, f), family(&quarter, f), "{f}");
+    }
+    let (e0, e1) = (
+        family(&base, "elementwise"),
+        family(&quarter, "elementwise"),
+    );
+    assert!(e1 > 3.0 * e0 && e1 <= 4.0 * e0 + 1e-12, "{e0} -> {e1}");
+    let mut fast = hw.clone();
+    fast.device.elementwise_bytes_per_s = hw.device.memory_bytes_per_s * 4.0;
+    assert_eq!(
+        family(&at(&fast), "elementwise"),
+        e0,
+        "capped at the memory bandwidth"
+    );
+    let text = include_str!("../hardware/this-cpu.toml")
+        .replace("[device]", "[device]\nelementwise_bytes_per_s = -1.0");
+    let e = Hardware::from_toml(&text, "bad.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("bad.toml") && e.contains("elementwise_bytes_per_s"),
+        "{e}"
+    );
+}
+
 /// The communication options: compression scales only the bandwidth part of the f32
 /// all-to-alls (bf16 at most halves them, fp8 cuts more), overlap hides at most the smaller
 /// of the all-to-alls and the expert work, and two-level needs islands to change anything.
