@@ -190,22 +190,19 @@ pub fn measure(threads: usize) -> Option<Measured> {
     let rounds = d.div_ceil(threads.max(1)) as f64;
     let collective_seconds = (per_pair - rounds * step_seconds).max(0.0);
     // Fused elementwise chains, one device per thread, bytes as the plan counts them.
-    let (n, len, devices) = (ELEMENTWISE_N, ELEMENTWISE_GROUPS, threads.max(1));
-    let text = elementwise_chain(n, len, devices);
-    let bytes_of = |text: &str| -> Option<f64> {
-        let p = ir::text::parse(text).ok()?;
-        let c = StepCost::of(&p);
-        let elementwise = c.ops.iter().filter(|o| o.family == Family::Elementwise);
-        Some(elementwise.map(|o| o.bytes as f64).sum())
+    let (n, devices) = (ELEMENTWISE_N, threads.max(1));
+    let chain = |len: usize| -> Option<(f64, f64)> {
+        let text = elementwise_chain(n, len, devices);
+        let cost = StepCost::of(&ir::text::parse(&text).ok()?);
+        let elementwise = cost.ops.iter().filter(|o| o.family == Family::Elementwise);
+        let bytes: f64 = elementwise.map(|o| o.bytes as f64).sum();
+        Some((Bench::new(&text, n, devices)?.median(reps)?, bytes))
     };
-    let (short_text, long_text) = (elementwise_chain(n, 1, devices), text);
-    let short = Bench::new(&short_text, n, devices)?.median(reps)?;
-    let long = Bench::new(&long_text, n, devices)?.median(reps)?;
-    let groups_bytes = bytes_of(&long_text)? - bytes_of(&short_text)?;
+    let ((short, short_bytes), (long, long_bytes)) = (chain(1)?, chain(ELEMENTWISE_GROUPS)?);
     // Each group is a fused kernel and a reshape: two steps per device.
-    let fixed = 2.0 * (len - 1) as f64 * step_seconds;
+    let fixed = 2.0 * (ELEMENTWISE_GROUPS - 1) as f64 * step_seconds;
     let seconds = (long - short - fixed).max(1e-9);
-    let elementwise_bytes_per_s = groups_bytes * devices as f64 / seconds;
+    let elementwise_bytes_per_s = (long_bytes - short_bytes) * devices as f64 / seconds;
     Some(Measured {
         step_seconds,
         gemm_rates,

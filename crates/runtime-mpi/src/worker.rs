@@ -44,6 +44,12 @@ impl Job {
             self.perm.as_deref(),
         )
     }
+
+    /// Run the collective on the calling thread and answer it.
+    fn answer(mut self, core: &Core) {
+        let r = self.run(core);
+        self.reply.send(r);
+    }
 }
 
 /// A communicator over `MPI_COMM_WORLD`: this process runs mesh position `rank`.
@@ -124,7 +130,7 @@ impl MpiComm {
         perm: Option<&[usize]>,
     ) -> Pending {
         let (pending, reply) = Pending::running(index, op.name());
-        let mut job = Job {
+        let job = Job {
             index,
             op: op.clone(),
             mesh: mesh.clone(),
@@ -135,17 +141,13 @@ impl MpiComm {
         match &self.jobs {
             Some(tx) => {
                 self.in_flight.fetch_add(1, Ordering::SeqCst);
-                if let Err(SendError(mut job)) = tx.send(job) {
+                if let Err(SendError(job)) = tx.send(job) {
                     // The thread is gone (it panicked): run here, nothing is queued.
                     self.in_flight.fetch_sub(1, Ordering::SeqCst);
-                    let r = job.run(&self.core);
-                    job.reply.send(r);
+                    job.answer(&self.core);
                 }
             }
-            None => {
-                let r = job.run(&self.core);
-                job.reply.send(r);
-            }
+            None => job.answer(&self.core),
         }
         pending
     }

@@ -8,9 +8,12 @@
 //!
 //! `cargo run --release -p train --example balance -- DATA_DIR STEPS OUT_DIR`
 
-use train::config::{LongPairs, TrainConfig};
+use train::config::TrainConfig;
 use train::data::Corpus;
 use train::trainer::{run, Event, RunOptions};
+
+/// The settings the README's comparison was measured with.
+const ROWS32: &str = include_str!("../../../bench/rows32.toml");
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -19,14 +22,9 @@ fn main() {
     let out = std::path::PathBuf::from(args.get(3).map_or("runs/balance", String::as_str));
     let corpus = Corpus::load(std::path::Path::new(data)).expect("a corpus (gshard data)");
     for balance in ["aux_loss", "bias"] {
-        let mut cfg = TrainConfig {
-            steps,
-            ..TrainConfig::default()
-        };
+        let mut cfg = TrainConfig::from_toml(ROWS32, "bench/rows32.toml").expect("rows32.toml");
+        cfg.steps = steps;
         cfg.data.dir = data.to_string();
-        (cfg.data.max_len, cfg.data.batch_size) = (32, 64);
-        cfg.data.long_pairs = LongPairs::Cut;
-        cfg.model.dropout = 0.0;
         cfg.model.balance = balance.to_string();
         let opts = RunOptions {
             overwrite: true,
