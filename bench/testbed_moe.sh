@@ -5,28 +5,30 @@
 # Root only (network namespaces). Prints a Markdown table and appends the JSON lines to
 # bench/results/testbed_moe.jsonl.
 #
-#   bench/testbed_moe.sh          # RATE=1gbit STEPS=9 ROUNDS=3 LAYOUTS="1 2" ROWS="..."
+#   bench/testbed_moe.sh          # RATE=1gbit STEPS=9 ROUNDS=3 LAYOUTS="1 2" HIDDEN=256 ROWS="..."
 #
 # Every round runs every row once (so a slow spell of the shared host hits all rows
 # alike); each cell is the median over the rounds of each run's median step.
 #
 # GSHARD=path/to/gshard uses that binary (built with --features mpi) instead of building
 # the release one.
-# The layer: 32 groups of 32 tokens, 4 experts, model dim 2048, hidden dim 256, capacity 16:
-# few FLOPs per byte sent, so that the link matters on a 2-core machine, and enough expert
-# work per chunk to hide an all-to-all behind.
+# The layer: 32 groups of 32 tokens, 4 experts, model dim 2048, hidden dim HIDDEN (256),
+# capacity 16: few FLOPs per byte sent, so that the link matters on a 2-core machine. Overlap
+# can hide at most the expert work a chunk's all-to-all flies behind: HIDDEN=1024 gives the
+# experts four times the work for the same bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-1gbit}
 STEPS=${STEPS:-9}
 ROUNDS=${ROUNDS:-3}
 LAYOUTS=${LAYOUTS:-"1 2"}
+HIDDEN=${HIDDEN:-256}
 OUT=bench/results/testbed_moe.jsonl
 B="${GSHARD:-${CARGO_TARGET_DIR:-target}/release/gshard}"
 [ -n "${GSHARD:-}" ] || cargo build --release -p cli --features mpi -q >&2
 scripts/testbed up --hosts 2 --rate "$RATE" >&2
 trap 'scripts/testbed down >&2' EXIT
-LAYER=(--groups 32 --group-size 32 --experts 4 --model-dim 2048 --hidden-dim 256
+LAYER=(--groups 32 --group-size 32 --experts 4 --model-dim 2048 --hidden-dim "$HIDDEN"
   --capacity-factor 1 --steps "$STEPS" --warmup 2 --prepare-reps 1 --json)
 TMP=$(mktemp)
 ALL_ROWS='flat|--overlap 1
@@ -44,7 +46,7 @@ for per in $LAYOUTS; do
     # shellcheck disable=SC2086
     line=$(scripts/testbed mpirun --per-host "$per" -- "$B" bench moe-layer --backend mpi \
       "${LAYER[@]}" $args 2>/dev/null </dev/null | tail -1)
-    echo "{\"layout\": \"2x$per\", \"rate\": \"$RATE\", \"round\": $round, \"row\": \"$name\", \"result\": $line}" | tee -a "$OUT" >>"$TMP"
+    echo "{\"layout\": \"2x$per\", \"rate\": \"$RATE\", \"hidden_dim\": $HIDDEN, \"round\": $round, \"row\": \"$name\", \"result\": $line}" | tee -a "$OUT" >>"$TMP"
   done <<<"${ROWS:-$ALL_ROWS}"
 done
 done
@@ -78,9 +80,10 @@ for l in layouts:
         if (l, f"overlap {k}") not in by or (l, f"chunks {k}, blocking") not in by:
             continue
         b, o = by[(l, f"chunks {k}, blocking")], by[(l, f"overlap {k}")]
-        a = b["all_to_all_blocking_seconds"]
-        hid = (b["step_seconds"] - o["step_seconds"]) / a if a > 0 else float("nan")
+        a, w = b["all_to_all_blocking_seconds"], o["all_to_all_blocking_seconds"]
+        hid = 1 - w / a if a > 0 else float("nan")
         print(f"{l}: overlap {k} hides {100*hid:.0f}% of the chunked all-to-alls' "
-              f"{a*1e3:.0f} ms ({b['step_seconds']*1e3:.0f} -> {o['step_seconds']*1e3:.0f} ms)")
+              f"{a*1e3:.0f} ms (blocked {w*1e3:.0f} ms at its waits; step "
+              f"{b['step_seconds']*1e3:.0f} -> {o['step_seconds']*1e3:.0f} ms)")
 PY
 rm -f "$TMP"

@@ -121,5 +121,13 @@ fn started_all_to_alls_give_the_blocking_bits_and_the_planned_peak() {
         .unwrap();
     let trace = prof.chrome_trace();
     assert!(trace.contains("in flight from step"), "{trace}");
+    // And the time each device blocked at a wait, under the collective's name.
+    assert!(trace.contains("waiting at step"), "{trace}");
+    let blocked = prof.totals().get("all_to_all").map(|t| t.count);
+    assert_eq!(
+        blocked,
+        Some(4 * 4),
+        "one wait event per all-to-all and device"
+    );
     assert!(trace.contains("\"ph\":\"b\"") && trace.contains("\"ph\":\"e\""));
 }

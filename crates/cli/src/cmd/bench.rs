@@ -639,8 +639,9 @@ fn moe_layer_on(a: MoeBenchArgs, mpi: crate::backend::Mpi) -> Result<()> {
         .iter()
         .find(|x| x.kind == "all_to_all")
         .map_or(0, |x| x.bytes);
-    // Time this device blocked in all-to-alls in the profiled step (a started one's time
-    // in flight is not blocking).
+    // Time this device blocked in all-to-alls in the profiled step: a blocking one's whole
+    // time, a started one's time at its wait (its flight while the device computed is
+    // hidden).
     let a2a_blocking_seconds = totals.get("all_to_all").map_or(0.0, |t| t.seconds);
     let (groups, fused_ops) = exe.fusion_stats();
     let out = json!({

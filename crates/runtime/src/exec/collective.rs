@@ -148,7 +148,28 @@ impl Executable {
         profiler: Option<&Profiler>,
         stats: &mut Vec<CollectiveStat>,
     ) -> Result<(), ExecError> {
+        let t0 = profiler.map(|p| p.now_us());
         let out = comm.wait(started.pending)?;
+        if let (Some(p), Some(t0)) = (profiler, t0) {
+            // The time the devices blocked here, under the collective's own name: what of
+            // its time in flight the computation since its start did not hide.
+            let t1 = p.now_us();
+            let first = started.began.first;
+            for d in devs.iter_mut() {
+                d.events.push(TraceEvent {
+                    device: d.pos,
+                    name: self.plan.steps[first].label.clone(),
+                    cat: "collective",
+                    ts_us: t0,
+                    dur_us: t1 - t0,
+                    flops: 0.0,
+                    bytes: 0,
+                    detail: format!(
+                        "waiting at step {si} for the collective started at step {first}"
+                    ),
+                });
+            }
+        }
         self.results(devs, si, out, started.began, profiler, stats)
     }
 
