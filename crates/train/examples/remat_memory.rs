@@ -1,7 +1,7 @@
 //! Rematerialisation measured: for the main job's model (2+2 layers) and a 12+12-layer one,
 //! each `model.remat` policy's (`marked` with the model marking its feed-forward, then also
 //! its attention sublayers) executor-measured peak memory per device over a training
-//! step on the main job's mesh (data=2 x expert=4, in process), the share of the step's
+//! step on the main job's mesh (data=1 x expert=2, in process), the share of the step's
 //! FLOPs that recomputes forward values, and the step time. The batch is synthetic (packed
 //! rows of four 8-token pairs); memory and FLOPs do not depend on the tokens, the build
 //! profile or the host (step times do: read them from a release build on an idle host).

@@ -309,9 +309,11 @@ impl Default for TrainConfig {
 
 impl Default for MeshConfig {
     fn default() -> Self {
+        // One device per core of a 2-core machine: eight devices on two cores ran 22% fewer
+        // tokens a second (the per-op work of eight small devices).
         MeshConfig {
-            data: 2,
-            expert: 4,
+            data: 1,
+            expert: 2,
             model: 1,
             shard_weights: String::new(),
         }
@@ -342,8 +344,10 @@ impl Default for DataConfig {
 impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
-            model_dim: 64,
-            heads: 4,
+            // Width 96 on two devices runs as many tokens a second as width 64 did on eight,
+            // and reaches a lower dev loss in the same time (README table).
+            model_dim: 96,
+            heads: 6,
             head_dim: 16,
             ffn_dim: 128,
             enc_layers: 2,

@@ -12,9 +12,12 @@ use train::pictures::{self, ShardingPicture};
 use train::trainer::{build_programs, Programs};
 
 fn step() -> Programs {
-    // The default config is the main job's; a small vocabulary keeps the build fast and
-    // changes no layout.
-    build_programs(&TrainConfig::default(), 256).unwrap()
+    // The main job's model on 8 devices (both axes split); a small vocabulary keeps the
+    // build fast and changes no layout.
+    let mut cfg = TrainConfig::default();
+    cfg.mesh.data = 2;
+    cfg.mesh.expert = 4;
+    build_programs(&cfg, 256).unwrap()
 }
 
 fn tmp(tag: &str) -> std::path::PathBuf {
@@ -155,13 +158,22 @@ fn pictures_of_a_3d_tensor_on_a_3d_mesh_and_of_the_expert_placement() {
     held.sort();
     assert_eq!(held, (0..8).collect::<Vec<u32>>());
 
-    let progs = step();
+    // The main job's own mesh: the picture is the default run's.
+    let cfg = TrainConfig::default();
+    let progs = build_programs(&cfg, 256).unwrap();
     let placement = progs.expert_placement();
     assert_eq!(placement.len(), 2);
+    let mesh = cfg.mesh;
     for p in &placement {
         assert_eq!(p.experts.len(), 8);
-        // Each expert lives on one expert rank: two devices (one per data rank).
-        assert!(p.experts.iter().all(|d| d.len() == 2), "{p:?}");
+        // Each expert lives on one expert rank: one device per data (and model) rank.
+        let copies = mesh.data * mesh.model;
+        assert!(p.experts.iter().all(|d| d.len() == copies), "{p:?}");
+        // And every device holds experts / expert-axis of them.
+        for dev in &p.devices {
+            let held = p.experts.iter().filter(|d| d.contains(dev)).count();
+            assert_eq!(held, 8 / mesh.expert, "device {dev}: {p:?}");
+        }
     }
     let path = dir.join("expert_placement.png");
     pictures::draw_placement(&path, &placement, None).unwrap();

@@ -379,13 +379,16 @@ fn bad_configs_are_one_line_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("steps") || e.contains("integer"), "{e}");
-    let e = TrainConfig::from_toml("[model]\nexperts = 6\n", "c.toml")
+    let e = TrainConfig::from_toml("[mesh]\nexpert = 4\n[model]\nexperts = 6\n", "c.toml")
         .unwrap_err()
         .to_string();
     assert!(e.contains("experts") && e.contains("expert=4"), "{e}");
-    let e = TrainConfig::from_toml("[data]\nbatch_size = 12\n", "c.toml")
-        .unwrap_err()
-        .to_string();
+    let e = TrainConfig::from_toml(
+        "[mesh]\ndata = 2\nexpert = 4\n[data]\nbatch_size = 12\n",
+        "c.toml",
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("batch_size") && e.contains("8 devices"), "{e}");
     assert!(!e.contains('\n'));
     // Every field has a default: an empty file is the main job's config.

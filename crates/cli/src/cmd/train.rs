@@ -1,5 +1,5 @@
 //! `gshard train`: the main job. With no flags it prepares the default corpus if absent,
-//! trains a small MoE Transformer on 8 virtual devices (mesh data=2 x expert=4) for a few
+//! trains a small MoE Transformer on 2 devices, one per core (mesh data=1 x expert=2), for a few
 //! minutes with a progress bar, then prints a report (dev loss, BLEU, expert load) and leaves
 //! a run directory: config.toml, metrics.jsonl, checkpoint/ (sharded), tokenizer.json,
 //! loss.png, expert_load.png (heatmaps), dropped.png, expert_placement.png, dev.hyp /
