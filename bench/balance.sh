@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's load-balancing table: the main job trained with GShard's auxiliary loss and
+# The README's load-balancing table: the main job's earlier settings (bench/rows32.toml: width
+# 64 on 8 devices, 64 rows of 32 tokens) trained with GShard's auxiliary loss and
 # with DeepSeek-V3's auxiliary-loss-free bias balancing (model.balance = "bias",
 # bias_rate = 0.001), STEPS steps each on the same corpus and seed
 # (crates/train/examples/balance.rs, trainer::run as `gshard train` calls it), then the

@@ -39,7 +39,8 @@ overlap 4|--overlap 4
 all-to-all bf16|--compress all-to-all
 all-to-all fp8|--compress all-to-all:fp8
 two-level|--all-to-all two-level
-overlap 2 + fp8 + two-level|--overlap 2 --compress all-to-all:fp8 --all-to-all two-level'
+overlap 2 + fp8 + two-level|--overlap 2 --compress all-to-all:fp8 --all-to-all two-level
+overlap 4 + fp8|--overlap 4 --compress all-to-all:fp8'
 for round in $(seq "$ROUNDS"); do
 for per in $LAYOUTS; do
   while IFS='|' read -r name args; do

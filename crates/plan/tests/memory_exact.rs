@@ -179,13 +179,17 @@ fn model_axis_and_weight_sharding_planned_peaks_are_the_measured_peaks() {
     }
 }
 
-/// What one device holds of the default run's step on mesh `data x model`.
+/// What one device holds of the default run's step on mesh `data x model`, at width 64 with 4
+/// heads (so that `model` = 2 and 4 both divide the heads).
 fn held(data: usize, model: usize, shard: &str) -> train::memory::Held {
     let mut cfg = TrainConfig::default();
+    cfg.model.model_dim = 64;
+    cfg.model.heads = 4;
     cfg.mesh.data = data;
     cfg.mesh.expert = 1;
     cfg.mesh.model = model;
     cfg.mesh.shard_weights = shard.to_string();
+    cfg.validate().unwrap();
     let step = step_program(&cfg, cfg.data.vocab_size).unwrap();
     let part = spmd::compile(&step.program).unwrap();
     train::memory::held(&part.program)

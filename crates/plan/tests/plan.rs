@@ -194,7 +194,7 @@ fn communication_options_follow_their_bytes_and_the_overlap_bound() {
         assert!((o.step_seconds - want).abs() <= 1e-9 * want, "{o:?}");
     }
     assert!(row("two-level").note.contains("no islands"));
-    // On islands of 8 GPUs the 8 devices share one island: nothing to combine.
+    // On islands of 8 GPUs the config's devices share one island: nothing to combine.
     let h100 = PlanOptions::new(Hardware::built_in("h100-80gb").unwrap(), "test");
     let r = plan(&cfg, &h100).unwrap();
     let two = r.comm_options.last().unwrap();

@@ -1,10 +1,9 @@
-//! The README's load-balancing comparison: the main job's config at its earlier data shape
-//! (`bench/rows32.toml`: 64 rows of 32 tokens, long pairs cut, no dropout) trained twice on the same
-//! corpus, seed and steps, once with GShard's auxiliary loss (`model.balance = "aux_loss"`,
-//! the default) and once with DeepSeek-V3's bias balancing (`model.balance = "bias"`,
-//! `bias_rate = 0.001`), through `trainer::run` as `gshard train` does. The table comes from
-//! the runs' metrics: `bench/balance_table.py OUT/aux_loss OUT/bias` (`bench/balance.sh`
-//! runs both).
+//! The README's load-balancing comparison: the main job's earlier settings (`bench/rows32.toml`:
+//! width 64 on 8 devices, 64 rows of 32 tokens, long pairs cut, no dropout) trained twice on the
+//! same corpus, seed and steps, once with GShard's auxiliary loss (`model.balance = "aux_loss"`,
+//! the default) and once with DeepSeek-V3's bias balancing (`model.balance = "bias"`, `bias_rate =
+//! 0.001`), through `trainer::run` as `gshard train` does. The table comes from the runs' metrics:
+//! `bench/balance_table.py OUT/aux_loss OUT/bias` (`bench/balance.sh` runs both).
 //!
 //! `cargo run --release -p train --example balance -- DATA_DIR STEPS OUT_DIR`
 

@@ -1,8 +1,8 @@
-//! Golden tests of the compiler's explanations on the main job's training step (the MoE
-//! Transformer on mesh data=2 x expert=4): every collective has a scope and a cause, the
-//! all-to-alls are the MoE layers' dispatch and combine (forward and backward), the summary
-//! by layer adds up, and the pictures of a 3-D tensor on a 3-D mesh and of the expert
-//! placement are written.
+//! Golden tests of the compiler's explanations on the main job's training step (its MoE Transformer
+//! on mesh data=2 x expert=4, both axes split; the placement picture on the main job's own mesh):
+//! every collective has a scope and a cause, the all-to-alls are the MoE layers' dispatch and
+//! combine (forward and backward), the summary by layer adds up, and the pictures of a 3-D tensor
+//! on a 3-D mesh and of the expert placement are written.
 
 use ir::Mesh;
 use spmd::report::summary::{self, Grouping};
