@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `gshard plan` against measured runs on this machine.
-# For each of three run configs at 1 device and at 8 (mesh data=2,expert=4): the planned
-# step time on the `this-cpu` profile (measured when planning) and the planned peak memory
+# For each of three run configs at 1 device, 2 (the main job's mesh) and 8 (data=2,expert=4):
+# the planned step time on the `this-cpu` profile (measured when planning) and the planned peak memory
 # per device, next to the median step time of `gshard train` (steps 4 to the end of a short
 # run, from its metrics.jsonl) and the peak per device it measures.
 #
@@ -36,7 +36,7 @@ printf '%s[model]\nmodel_dim = 128\nheads = 8\nffn_dim = 512\n' "$common" > "$wo
 printf '%s[model]\nexperts = 16\nenc_layers = 3\ndec_layers = 3\n' "$common" > "$work/deep.toml"
 
 for name in default wide deep; do
-    for mesh in data=1,expert=1 data=2,expert=4; do
+    for mesh in data=1,expert=1 data=1,expert=2 data=2,expert=4; do
         plan=$("$gshard" plan --config "$work/$name.toml" --mesh "$mesh" --hardware this-cpu --json)
         rm -rf "$work/run"
         "$gshard" train --config "$work/$name.toml" --mesh "$mesh" --out "$work/run" > "$work/train.log"
