@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `gshard plan` against measured runs on this machine.
 # For each of three run configs at 1 device, 2 (the main job's mesh) and 8 (data=2,expert=4):
-# the planned step time on the `this-cpu` profile (measured when planning) and the planned peak memory
-# per device, next to the median step time of `gshard train` (steps 4 to the end of a short
-# run, from its metrics.jsonl) and the peak per device it measures.
+# the planned step time on the `this-cpu` profile (measured when planning) and the planned
+# peak memory per device, next to the median step time of `gshard train` (steps 4 to the end
+# of a short run, from its metrics.jsonl) and the peak per device it measures.
 #
 # Usage: bench/plan_vs_measured.sh    Env: DATA (the corpus directory, default data; built
 #   by `gshard data` when absent), STEPS (default 12), OUT (JSON lines, default

@@ -100,7 +100,9 @@ impl Profiler {
     }
 
     /// Totals per event name (without the `%index`), e.g. all `dot_general`s together;
-    /// collectives in flight under their own name (`all_to_all (in flight)`).
+    /// collectives in flight under their own name (`all_to_all (in flight)`). A started
+    /// collective's wait is an event under the collective's name, so `all_to_all` is all
+    /// the time the devices blocked in all-to-alls, blocking ones and the waits together.
     pub fn totals(&self) -> BTreeMap<String, OpTotal> {
         let mut m: BTreeMap<String, OpTotal> = BTreeMap::new();
         for e in self.events() {
