@@ -173,7 +173,8 @@ fn a_partial_learning_rate_table_keeps_the_main_jobs_other_settings() {
         train::optim::LrSchedule::Rsqrt {
             base: 0.5,
             warmup_steps: 100,
-            linear_warmup: false
+            linear_warmup: false,
+            cooldown: 0.0,
         }
     );
 }

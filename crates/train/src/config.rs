@@ -299,6 +299,7 @@ impl Default for TrainConfig {
                     base: 0.5,
                     warmup_steps: 100,
                     linear_warmup: false,
+                    cooldown: 0.0,
                 },
                 ..AdafactorConfig::default()
             }),

@@ -42,6 +42,10 @@
 //!   Adafactor's *relative step* `min(1e-2, 1/sqrt(t))` (the GShard setting "1.0 with
 //!   inverse-sqrt decay after 10k steps") is `rsqrt { base: 1, warmup_steps: 10000,
 //!   linear_warmup: false }` ([`LrSchedule::relative_step`]).
+//!   With `cooldown = c > 0` the value is further multiplied by
+//!   `clamp((T + 1 - t) / n, 0, 1)`, `T` the run's steps and `n = max(1, round(c T))`:
+//!   the last `n` steps fall linearly towards zero (the last step takes `1/n` of the
+//!   rate), the annealing that ends a short run at a lower loss than inverse-sqrt alone.
 //!
 //! Adafactor (Shazeer & Stern 2018, Alg. 4/5; [`AdafactorConfig`]), per parameter `X` with
 //! gradient `G`, in the parameter's dtype:
@@ -174,6 +178,10 @@ pub enum LrSchedule {
         /// Omitted: `false` (the main job's schedule).
         #[serde(default)]
         linear_warmup: bool,
+        /// Share of the run's steps, at its end, over which the rate falls linearly
+        /// towards zero; omitted: 0 (no cool-down).
+        #[serde(default)]
+        cooldown: f64,
     },
 }
 
@@ -185,47 +193,74 @@ impl LrSchedule {
             base: 1.0,
             warmup_steps: 10_000,
             linear_warmup: false,
+            cooldown: 0.0,
         }
     }
 
-    /// The value at 1-based step `t`, computed on the host in f64 with the same operations,
-    /// in the same order, as [`LrSchedule::emit`].
-    pub fn value(&self, t: f64) -> f64 {
+    /// Steps in the cool-down of a run of `run_steps` steps (0 without one).
+    fn cooldown_steps(&self, run_steps: u64) -> u64 {
+        match *self {
+            LrSchedule::Rsqrt { cooldown, .. } if cooldown > 0.0 => {
+                ((cooldown * run_steps as f64).round() as u64).max(1)
+            }
+            _ => 0,
+        }
+    }
+
+    /// The value at 1-based step `t` of a run of `run_steps` steps, computed on the host in
+    /// f64 with the same operations, in the same order, as [`LrSchedule::emit`].
+    pub fn value(&self, t: f64, run_steps: u64) -> f64 {
+        let n = self.cooldown_steps(run_steps);
         match *self {
             LrSchedule::Constant { value } => value,
             LrSchedule::Rsqrt {
                 base,
                 warmup_steps,
                 linear_warmup,
+                ..
             } => {
                 let w = warmup_steps as f64;
                 let decay = 1.0 / t.max(w).sqrt();
-                if linear_warmup && warmup_steps > 0 {
+                let lr = if linear_warmup && warmup_steps > 0 {
                     (t / w).min(1.0) * base * decay
                 } else {
                     base * decay
+                };
+                if n > 0 {
+                    let left = (run_steps as f64 + 1.0 - t) / n as f64;
+                    lr * left.clamp(0.0, 1.0)
+                } else {
+                    lr
                 }
             }
         }
     }
 
-    /// The schedule as IR: `t` is a float scalar holding the 1-based step; the result has
-    /// `t`'s type.
-    pub fn emit(&self, t: &Value) -> Value {
+    /// The schedule as IR: `t` is a float scalar holding the 1-based step of a run of
+    /// `run_steps` steps; the result has `t`'s type.
+    pub fn emit(&self, t: &Value, run_steps: u64) -> Value {
         let b = t.builder();
+        let n = self.cooldown_steps(run_steps);
         match *self {
             LrSchedule::Constant { value } => b.scalar(value, t.dtype()),
             LrSchedule::Rsqrt {
                 base,
                 warmup_steps,
                 linear_warmup,
+                ..
             } => {
                 let w = warmup_steps as f64;
                 let decay = t.max(w).rsqrt();
-                if linear_warmup && warmup_steps > 0 {
+                let lr = if linear_warmup && warmup_steps > 0 {
                     t.div(w).min(1.0).mul(base).mul(&decay)
                 } else {
                     b.scalar(base, t.dtype()).mul(&decay)
+                };
+                if n > 0 {
+                    let left = t.neg().add(run_steps as f64 + 1.0).div(n as f64);
+                    lr.mul(&left.max(0.0).min(1.0))
+                } else {
+                    lr
                 }
             }
         }
@@ -236,8 +271,14 @@ impl LrSchedule {
             LrSchedule::Constant { value } => {
                 check("lr.value", value, value >= 0.0, "finite and >= 0")
             }
-            LrSchedule::Rsqrt { base, .. } => {
-                check("lr.base", base, base >= 0.0, "finite and >= 0")
+            LrSchedule::Rsqrt { base, cooldown, .. } => {
+                check("lr.base", base, base >= 0.0, "finite and >= 0")?;
+                check(
+                    "lr.cooldown",
+                    cooldown,
+                    (0.0..=1.0).contains(&cooldown),
+                    "a share of the run from 0 to 1",
+                )
             }
         }
     }
@@ -474,9 +515,15 @@ impl Optimizer {
         out
     }
 
-    /// Append the update of `params` to the program under construction in `b` (see the
-    /// module doc for the protocol, the names and the formulas).
-    pub fn append_update(&self, b: &Builder, params: &[ParamSpec]) -> Result<(), OptimError> {
+    /// Append the update of `params` to the program under construction in `b`, for a run
+    /// of `run_steps` steps (the end of the schedule's cool-down; see the module doc for the
+    /// protocol, the names and the formulas).
+    pub fn append_update(
+        &self,
+        b: &Builder,
+        params: &[ParamSpec],
+        run_steps: u64,
+    ) -> Result<(), OptimError> {
         self.validate()?;
         let prog = b.program();
         // Check everything before emitting anything.
@@ -516,7 +563,7 @@ impl Optimizer {
         let optimizer_scope = b.scope("optimizer");
         let step = state_param(b, &prog, STEP, &Type::scalar(DType::I32));
         let t = step.convert(sdt).add(1.0);
-        let lr = self.lr().emit(&t);
+        let lr = self.lr().emit(&t, run_steps);
         // Scalars shared by every parameter.
         let shared = match self {
             Optimizer::Adafactor(c) => {

@@ -18,6 +18,9 @@ use train::optim::{
 
 #[path = "optim/reference.rs"]
 mod reference;
+
+/// The run length every update program here is built for (only a cool-down reads it).
+const RUN_STEPS: u64 = 6;
 use reference::*;
 
 // ---------------------------------------------------------------- helpers
@@ -63,7 +66,7 @@ fn update_program(opt: &Optimizer, params: &[ParamSpec]) -> Program {
         let g = b.param(&format!("in_grad/{}", s.name), s.ty.clone());
         b.output(&autodiff::grad_output_name(&s.name), &g);
     }
-    opt.append_update(&b, params).unwrap();
+    opt.append_update(&b, params, RUN_STEPS).unwrap();
     let p = b.finish();
     ir::verify(&p).unwrap();
     p
@@ -86,6 +89,7 @@ fn adafactor_matches_naive_reference_for_five_steps() {
                 base: 0.3,
                 warmup_steps: 3,
                 linear_warmup: true,
+                cooldown: 0.0,
             },
             multiply_by_parameter_scale: false,
             beta1: 0.9,
@@ -116,6 +120,8 @@ fn adam_matches_naive_reference_for_five_steps() {
                 base: 0.5,
                 warmup_steps: 2,
                 linear_warmup: true,
+                // The whole run of RUN_STEPS cools down: lr(t) *= (7 - t) / 6.
+                cooldown: 1.0,
             },
             beta2: 0.98,
             weight_decay: 0.01,
@@ -149,6 +155,8 @@ fn sgd_matches_naive_reference_for_five_steps() {
                 base: 0.2,
                 warmup_steps: 0,
                 linear_warmup: true,
+                // The last 3 of RUN_STEPS: steps 4 and 5 at 3/3 and 2/3 of the rate.
+                cooldown: 0.5,
             },
             momentum: 0.5,
             nesterov: true,
@@ -300,6 +308,7 @@ fn schedule_values() {
         base: 2.0,
         warmup_steps: 100,
         linear_warmup: true,
+        cooldown: 0.0,
     };
     // base * min(t/w, 1) * rsqrt(max(t, w))
     let want = [(1, 2.0 * 0.01 * 0.1), (100, 2.0 * 0.1), (400, 2.0 * 0.05)];
@@ -307,16 +316,32 @@ fn schedule_values() {
     // min(1e-2, 1/sqrt(t)): flat at 1e-2 until 10k steps, then 1/sqrt(t).
     let want_rel = [(1, 0.01), (10_000, 0.01), (40_000, 0.005)];
     let constant = LrSchedule::Constant { value: 0.3 };
+    // Cool-down over the last half of a 6-step run: rsqrt(t) * clamp((7 - t) / 3, 0, 1).
+    let cool = LrSchedule::Rsqrt {
+        base: 1.0,
+        warmup_steps: 0,
+        linear_warmup: false,
+        cooldown: 0.5,
+    };
+    let want_cool = [
+        (1, 1.0),
+        (4, 0.5),
+        (5, 2.0 / 3.0 / 5f64.sqrt()),
+        (6, 1.0 / 3.0 / 6f64.sqrt()),
+        (7, 0.0),
+    ];
+    assert_eq!(RUN_STEPS, 6, "want_cool is written for a 6-step run");
     for (s, want) in [
         (&warm, &want[..]),
         (&relative, &want_rel[..]),
         (&constant, &[(1, 0.3), (100, 0.3), (400, 0.3)][..]),
+        (&cool, &want_cool[..]),
     ] {
         for &(t, w) in want {
             assert!(
-                Tol::F64.accepts(s.value(t as f64), w),
+                Tol::F64.accepts(s.value(t as f64, RUN_STEPS), w),
                 "{s:?} at {t}: {} vs {w}",
-                s.value(t as f64)
+                s.value(t as f64, RUN_STEPS)
             );
             let opt = Optimizer::Adam(AdamConfig {
                 lr: s.clone(),
@@ -333,8 +358,9 @@ fn schedule_values() {
         base: 1.0,
         warmup_steps: 0,
         linear_warmup: true,
+        cooldown: 0.0,
     };
-    assert_eq!(plain.value(4.0), 0.5);
+    assert_eq!(plain.value(4.0, RUN_STEPS), 0.5);
     // Adafactor's default is the relative step.
     assert_eq!(AdafactorConfig::default().lr, relative);
 }
@@ -358,7 +384,7 @@ fn minimise_quadratic(opt: &Optimizer) -> (f64, f64) {
     let fwd = b.finish();
     let with_grad = autodiff::grad(&fwd, "loss", &["w", "bias"]).unwrap();
     let b = Builder::from_program(with_grad);
-    opt.append_update(&b, &params).unwrap();
+    opt.append_update(&b, &params, RUN_STEPS).unwrap();
     let prog = b.finish();
     ir::verify(&prog).unwrap();
 
@@ -414,6 +440,7 @@ fn every_optimizer_minimises_a_quadratic() {
                     base: 1.0,
                     warmup_steps: 10,
                     linear_warmup: true,
+                    cooldown: 0.0,
                 },
                 multiply_by_parameter_scale: false,
                 beta1: 0.5,
@@ -485,7 +512,7 @@ fn sharded_state_follows_its_parameter() {
             let fwd = b.finish();
             let p = autodiff::grad(&fwd, "loss", &["w", "bias"]).unwrap();
             let b = Builder::from_program(p);
-            opt.append_update(&b, &params).unwrap();
+            opt.append_update(&b, &params, RUN_STEPS).unwrap();
             let prog = b.finish();
 
             // Annotations as written by append_update.
@@ -612,7 +639,7 @@ fn adafactor_matches_optax() {
         b.output("loss", &loss);
         let p = autodiff::grad(&b.finish(), "loss", &["a", "b", "c"]).unwrap();
         let b = Builder::from_program(p);
-        opt.append_update(&b, &params).unwrap();
+        opt.append_update(&b, &params, RUN_STEPS).unwrap();
         let prog = b.finish();
         let mut inputs = HashMap::new();
         for (i, s) in params.iter().enumerate() {
@@ -674,7 +701,8 @@ fn configs_deserialize_with_defaults_and_reject_unknown_fields() {
         LrSchedule::Rsqrt {
             base: 1.0,
             warmup_steps: 10_000,
-            linear_warmup: false
+            linear_warmup: false,
+            cooldown: 0.0,
         }
     );
     let o: Optimizer =
@@ -726,7 +754,9 @@ fn errors_name_the_parameter_and_the_fix() {
     // No gradient output.
     let b = Builder::new();
     b.param("w", Type::new(DType::F64, [2, 2]));
-    let e = opt.append_update(&b, &[spec("w", &[2, 2])]).unwrap_err();
+    let e = opt
+        .append_update(&b, &[spec("w", &[2, 2])], RUN_STEPS)
+        .unwrap_err();
     assert!(matches!(&e, OptimError::MissingGrad { name, .. } if name == "w"));
     let msg = e.to_string();
     assert!(
@@ -734,18 +764,24 @@ fn errors_name_the_parameter_and_the_fix() {
         "{msg}"
     );
     // Unknown parameter.
-    let e = opt.append_update(&b, &[spec("nope", &[2])]).unwrap_err();
+    let e = opt
+        .append_update(&b, &[spec("nope", &[2])], RUN_STEPS)
+        .unwrap_err();
     assert!(
         matches!(&e, OptimError::MissingParam { name } if name == "nope"),
         "{e}"
     );
     // Spec type differs from the program's.
-    let e = opt.append_update(&b, &[spec("w", &[4])]).unwrap_err();
+    let e = opt
+        .append_update(&b, &[spec("w", &[4])], RUN_STEPS)
+        .unwrap_err();
     assert!(matches!(e, OptimError::ParamType { .. }), "{e}");
     // Called twice: the outputs exist.
     let p = update_program(&opt, &[spec("w", &[2, 2])]);
     let b = Builder::from_program(p);
-    let e = opt.append_update(&b, &[spec("w", &[2, 2])]).unwrap_err();
+    let e = opt
+        .append_update(&b, &[spec("w", &[2, 2])], RUN_STEPS)
+        .unwrap_err();
     assert!(matches!(e, OptimError::OutputExists { .. }), "{e}");
     // Bad settings.
     let bad = Optimizer::Adam(AdamConfig {
@@ -753,10 +789,25 @@ fn errors_name_the_parameter_and_the_fix() {
         ..AdamConfig::default()
     });
     let e = bad
-        .append_update(&Builder::new(), &[])
+        .append_update(&Builder::new(), &[], RUN_STEPS)
         .unwrap_err()
         .to_string();
     assert!(e.contains("beta1") && e.contains("[0, 1)"), "{e}");
+    // A cool-down longer than the run.
+    let bad = Optimizer::Adam(AdamConfig {
+        lr: LrSchedule::Rsqrt {
+            base: 0.1,
+            warmup_steps: 0,
+            linear_warmup: false,
+            cooldown: 1.5,
+        },
+        ..AdamConfig::default()
+    });
+    let e = bad
+        .append_update(&Builder::new(), &[], RUN_STEPS)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lr.cooldown") && e.contains("0 to 1"), "{e}");
     // Integer parameters are refused.
     let b = Builder::new();
     let i = b.param("i", Type::new(DType::I32, [2]));
@@ -769,6 +820,7 @@ fn errors_name_the_parameter_and_the_fix() {
                 ty: Type::new(DType::I32, [2]),
                 init: Init::Zeros,
             }],
+            RUN_STEPS,
         )
         .unwrap_err();
     assert!(matches!(e, OptimError::NotFloat { .. }), "{e}");

@@ -73,7 +73,7 @@ pub fn step_program(cfg: &TrainConfig, vocab: usize) -> Result<StepProgram, Trai
         recomputed,
     } = autodiff::remat::remat(&with_grads, &policy)?;
     let b = Builder::from_program(with_grads);
-    cfg.optimizer.append_update(&b, &built.params)?;
+    cfg.optimizer.append_update(&b, &built.params, cfg.steps)?;
     let mut program = guard_nonfinite(&b, &built.params).map_err(TrainError::Model)?;
     // Keep only what the loop reads: metrics and the new state (the gradients themselves
     // are consumed by the update).

@@ -6,14 +6,16 @@ use super::*;
 // ---------------------------------------------------------------- naive references
 
 /// Independent schedule: `base * min(t/w, 1) * rsqrt(max(t, w))` (linear warm-up) or
-/// `base * rsqrt(max(t, w))`.
-pub fn sched(s: &LrSchedule, t: f64) -> f64 {
+/// `base * rsqrt(max(t, w))`, times the cool-down's share of the rate left at step `t` of
+/// a `run`-step run.
+pub fn sched(s: &LrSchedule, t: f64, run: u64) -> f64 {
     match *s {
         LrSchedule::Constant { value } => value,
         LrSchedule::Rsqrt {
             base,
             warmup_steps,
             linear_warmup,
+            cooldown,
         } => {
             let w = warmup_steps as f64;
             let warm = if linear_warmup && w > 0.0 {
@@ -21,7 +23,17 @@ pub fn sched(s: &LrSchedule, t: f64) -> f64 {
             } else {
                 1.0
             };
-            base * warm / t.max(w).sqrt()
+            // The last n steps of the run: n, n-1, ..., 1 n-ths of the rate.
+            let n = (cooldown * run as f64).round().max(1.0);
+            let first_cool = run as f64 - n + 1.0;
+            let cool = if cooldown == 0.0 || t < first_cool {
+                1.0
+            } else if t > run as f64 {
+                0.0
+            } else {
+                (n - (t - first_cool)) / n
+            };
+            base * warm / t.max(w).sqrt() * cool
         }
     }
 }
@@ -43,7 +55,7 @@ pub fn adafactor_ref(
     if let Some(cap) = c.beta2_cap {
         beta2 = beta2.min(cap);
     }
-    let lr = sched(&c.lr, t);
+    let lr = sched(&c.lr, t, RUN_STEPS);
     let g2: Vec<f64> = g.iter().map(|x| x * x + c.eps1).collect();
     let r = shape.len();
     let mut u = vec![0.0; n_el];
@@ -106,7 +118,7 @@ pub fn adafactor_ref(
 }
 
 pub fn adam_ref(c: &AdamConfig, p: &[f64], g: &[f64], st: &mut RefState, t: f64) -> Vec<f64> {
-    let lr = sched(&c.lr, t);
+    let lr = sched(&c.lr, t, RUN_STEPS);
     let (bc1, bc2) = if c.bias_correction {
         (1.0 - c.beta1.powf(t), 1.0 - c.beta2.powf(t))
     } else {
@@ -127,7 +139,7 @@ pub fn adam_ref(c: &AdamConfig, p: &[f64], g: &[f64], st: &mut RefState, t: f64)
 }
 
 pub fn sgd_ref(c: &SgdConfig, p: &[f64], g: &[f64], st: &mut RefState, t: f64) -> Vec<f64> {
-    let lr = sched(&c.lr, t);
+    let lr = sched(&c.lr, t, RUN_STEPS);
     let mut out = vec![0.0; p.len()];
     for k in 0..p.len() {
         let mut d = g[k];
@@ -212,9 +224,9 @@ pub fn check_against_reference(opt: &Optimizer, seed: u64) {
         let out = runtime::reference::run(&prog, &inputs).unwrap();
         let lr = out[LR_OUTPUT].to_f64_vec()[0];
         assert!(
-            Tol::F64.accepts(lr, sched(opt.lr(), t)),
+            Tol::F64.accepts(lr, sched(opt.lr(), t, RUN_STEPS)),
             "step {step}: lr {lr} vs {}",
-            sched(opt.lr(), t)
+            sched(opt.lr(), t, RUN_STEPS)
         );
         assert_eq!(
             out[&new_name(STEP)].to_f64_vec(),
