@@ -4,7 +4,8 @@
 # planning), takes PICK of the fitting layouts spread evenly over the ranking (fastest,
 # slowest and between), trains each for STEPS steps and records the planned step time next
 # to the median measured one (steps 4 to the end, from metrics.jsonl); prints the Spearman
-# rank correlation of planned against measured.
+# rank correlation of planned against measured. The optimizer is Adafactor without
+# momentum, as the README's tables were measured.
 #
 # Usage: bench/search_vs_measured.sh    Env: DATA (the corpus directory, default data),
 #   MODEL (lines of the config's [model] table, default none: the main job's model; e.g.
@@ -35,6 +36,8 @@ checkpoint_every = 1000000
 [data]
 dir = \"$data\"
 dev_size = 8
+[optimizer]
+beta1 = 0.0
 "
 printf '%s[model]\n%s\n' "$common" "$model" > "$work/default.toml"
 "$gshard" plan --config "$work/default.toml" --search --devices 8 --memory "$memory" \

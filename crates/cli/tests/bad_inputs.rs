@@ -174,7 +174,7 @@ fn a_partial_learning_rate_table_keeps_the_main_jobs_other_settings() {
             base: 0.5,
             warmup_steps: 100,
             linear_warmup: false,
-            cooldown: 0.0,
+            cooldown: 0.3,
         }
     );
 }

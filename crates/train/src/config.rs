@@ -294,13 +294,16 @@ impl Default for TrainConfig {
             model: ModelConfig::default(),
             optimizer: Optimizer::Adafactor(AdafactorConfig {
                 // 0.05 for 100 steps, then inverse-sqrt decay: twice this rate (Adafactor's
-                // usual 1.0) learns half as fast in a short run.
+                // usual 1.0) learns half as fast in a short run. The last 30% of the steps
+                // fall linearly towards zero, and momentum (0.9) smooths the updates: dev
+                // loss 2.441 against 2.469 without either (README table).
                 lr: LrSchedule::Rsqrt {
                     base: 0.5,
                     warmup_steps: 100,
                     linear_warmup: false,
-                    cooldown: 0.0,
+                    cooldown: 0.3,
                 },
+                beta1: 0.9,
                 ..AdafactorConfig::default()
             }),
             eval: EvalConfig::default(),
