@@ -5,7 +5,7 @@
 # slowest and between), trains each for STEPS steps and records the planned step time next
 # to the median measured one (steps 4 to the end, from metrics.jsonl); prints the Spearman
 # rank correlation of planned against measured. The optimizer is Adafactor without
-# momentum, as the README's tables were measured.
+# momentum or cool-down, as the README's tables were measured.
 #
 # Usage: bench/search_vs_measured.sh    Env: DATA (the corpus directory, default data),
 #   MODEL (lines of the config's [model] table, default none: the main job's model; e.g.
@@ -38,6 +38,8 @@ dir = \"$data\"
 dev_size = 8
 [optimizer]
 beta1 = 0.0
+[optimizer.lr]
+cooldown = 0.0
 "
 printf '%s[model]\n%s\n' "$common" "$model" > "$work/default.toml"
 "$gshard" plan --config "$work/default.toml" --search --devices 8 --memory "$memory" \

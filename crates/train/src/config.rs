@@ -419,6 +419,19 @@ impl TrainConfig {
         Ok(cfg)
     }
 
+    /// A run's own config, as [`TrainConfig::to_toml`] wrote it into its run directory or
+    /// checkpoint, parsed as is (not laid over the main job's): a field a run written by
+    /// an older version lacks takes its own default (no `lr.cooldown` is 0), so resuming
+    /// the run keeps the schedule it trained with. Validated.
+    pub fn from_run_toml(text: &str, path: &str) -> Result<TrainConfig, ConfigError> {
+        let cfg: TrainConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_string(),
+            msg: e.to_string().replace('\n', " ").trim().to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("configs serialise")
     }

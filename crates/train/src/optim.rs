@@ -44,8 +44,11 @@
 //!   linear_warmup: false }` ([`LrSchedule::relative_step`]).
 //!   With `cooldown = c > 0` the value is further multiplied by
 //!   `clamp((T + 1 - t) / n, 0, 1)`, `T` the run's steps and `n = max(1, round(c T))`:
-//!   the last `n` steps fall linearly towards zero (the last step takes `1/n` of the
-//!   rate), the annealing that ends a short run at a lower loss than inverse-sqrt alone.
+//!   the last `n` steps run at `n/n, (n-1)/n, ..., 1/n` of the rate, the annealing that
+//!   ends a short run at a lower loss than inverse-sqrt alone (with `n = 1`, a run of
+//!   under `1.5/c` steps, no step is reduced). A step the trainer skips (non-finite)
+//!   does not advance `t`, so each skipped step leaves the last applied one a step
+//!   further from the end of the cool-down.
 //!
 //! Adafactor (Shazeer & Stern 2018, Alg. 4/5; [`AdafactorConfig`]), per parameter `X` with
 //! gradient `G`, in the parameter's dtype:
@@ -162,16 +165,18 @@ fn check(
     }
 }
 
-/// A learning-rate schedule as a function of the 1-based step `t` (formulas in the module
-/// doc). Serialized as `{"kind": "constant", "value": 0.1}` or `{"kind": "rsqrt", "base":
-/// 1.0, "warmup_steps": 10000, "linear_warmup": false}`.
+/// A learning-rate schedule as a function of the 1-based step `t` of a run of `T` steps
+/// (formulas in the module doc). Serialized as `{"kind": "constant", "value": 0.1}` or
+/// `{"kind": "rsqrt", "base": 1.0, "warmup_steps": 10000, "linear_warmup": false,
+/// "cooldown": 0.0}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum LrSchedule {
     /// `lr(t) = value`.
     Constant { value: f64 },
     /// `lr(t) = base * min(t / warmup_steps, 1) * rsqrt(max(t, warmup_steps))`; without
-    /// `linear_warmup` the `min` factor is dropped (constant, then inverse-sqrt decay).
+    /// `linear_warmup` the `min` factor is dropped (constant, then inverse-sqrt decay);
+    /// times `clamp((T + 1 - t) / n, 0, 1)` with a `cooldown`.
     Rsqrt {
         base: f64,
         warmup_steps: u64,
@@ -179,7 +184,8 @@ pub enum LrSchedule {
         #[serde(default)]
         linear_warmup: bool,
         /// Share of the run's steps, at its end, over which the rate falls linearly
-        /// towards zero; omitted: 0 (no cool-down).
+        /// towards zero; omitted: 0 (no cool-down; a run config laid over the main job's
+        /// takes its 0.3).
         #[serde(default)]
         cooldown: f64,
     },
@@ -198,7 +204,7 @@ impl LrSchedule {
     }
 
     /// Steps in the cool-down of a run of `run_steps` steps (0 without one).
-    fn cooldown_steps(&self, run_steps: u64) -> u64 {
+    pub fn cooldown_steps(&self, run_steps: u64) -> u64 {
         match *self {
             LrSchedule::Rsqrt { cooldown, .. } if cooldown > 0.0 => {
                 ((cooldown * run_steps as f64).round() as u64).max(1)

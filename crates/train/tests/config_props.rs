@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use train::config::TrainConfig;
 
 /// Every field a user can set, as `table.key` (top-level keys have no table).
-const FIELDS: [&str; 42] = [
+const FIELDS: [&str; 43] = [
     "seed",
     "steps",
     "log_every",
@@ -49,6 +49,7 @@ const FIELDS: [&str; 42] = [
     "optimizer.lr.kind",
     "optimizer.lr.base",
     "optimizer.lr.warmup_steps",
+    "optimizer.lr.cooldown",
 ];
 
 /// A TOML value of any kind a user might write, the awkward ones included.
@@ -110,4 +111,30 @@ proptest! {
             }
         }
     }
+}
+
+/// A run directory's config.toml written before `lr.cooldown` existed keeps its schedule
+/// when read as the run's own (no cool-down), while a user's partial config takes the main
+/// job's.
+#[test]
+fn a_runs_own_config_keeps_its_schedule() {
+    let written = TrainConfig::default().to_toml();
+    let old: String = written
+        .lines()
+        .filter(|l| !l.starts_with("cooldown"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(old, written, "the main job's config names lr.cooldown");
+    let own = TrainConfig::from_run_toml(&old, "run/config.toml").unwrap();
+    let user = TrainConfig::from_toml(&old, "user.toml").unwrap();
+    let cooldown = |c: &TrainConfig| match c.optimizer.lr() {
+        train::optim::LrSchedule::Rsqrt { cooldown, .. } => *cooldown,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(cooldown(&own), 0.0);
+    assert_eq!(cooldown(&user), 0.3);
+    assert_eq!(
+        TrainConfig::from_run_toml(&written, "c").unwrap(),
+        TrainConfig::default()
+    );
 }

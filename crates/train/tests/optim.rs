@@ -89,7 +89,8 @@ fn adafactor_matches_naive_reference_for_five_steps() {
                 base: 0.3,
                 warmup_steps: 3,
                 linear_warmup: true,
-                cooldown: 0.0,
+                // The main job's kind of schedule: step 5 of RUN_STEPS at 2/3 of the rate.
+                cooldown: 0.5,
             },
             multiply_by_parameter_scale: false,
             beta1: 0.9,

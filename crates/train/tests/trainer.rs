@@ -242,6 +242,67 @@ fn resuming_anywhere_reproduces_the_run_bit_for_bit() {
 }
 
 #[test]
+fn resuming_with_other_steps_keeps_the_cool_down_or_refuses() {
+    let c = corpus();
+    let mut cfg = tiny();
+    cfg.steps = 10;
+    cfg.checkpoint_every = 1;
+    // The last half cools down: 10 steps run below the full rate from step 7 on, 6 steps
+    // from step 5 on.
+    cfg.optimizer = TrainConfig::from_toml("[optimizer.lr]\ncooldown = 0.5\n", "cool")
+        .unwrap()
+        .optimizer;
+    let full = tmp("cool-full");
+    run(&cfg, &c, &RunOptions::new(full.clone()), &mut |_| {}).unwrap();
+    // A 6-step run cut after step 2, resumed as a 10-step run: the uninterrupted one.
+    let cut = tmp("cool-cut");
+    let short = TrainConfig {
+        steps: 6,
+        ..cfg.clone()
+    };
+    let first = RunOptions {
+        stop_after: Some(2),
+        ..RunOptions::new(cut.clone())
+    };
+    run(&short, &c, &first, &mut |_| {}).unwrap();
+    let resume = RunOptions {
+        resume: true,
+        ..RunOptions::new(cut.clone())
+    };
+    run(&cfg, &c, &resume, &mut |_| {}).unwrap();
+    let (got, want) = (trajectory(&cut), trajectory(&full));
+    assert_eq!(got.0, want.0, "the metrics differ after resuming");
+    assert!(got.1 == want.1, "the final checkpoints differ");
+    // The finished 10-step run took its cooled steps: 12 steps would raise the rate again.
+    let longer = TrainConfig {
+        steps: 12,
+        ..cfg.clone()
+    };
+    let e = match run(
+        &longer,
+        &c,
+        &RunOptions {
+            resume: true,
+            ..RunOptions::new(full.clone())
+        },
+        &mut |_| {},
+    ) {
+        Ok(_) => panic!("resumed past the cool-down with other steps"),
+        Err(e) => e,
+    }
+    .to_string();
+    assert!(
+        e.contains("optimizer.lr.cooldown")
+            && e.contains("from step 7")
+            && e.contains("steps = 10")
+            && !e.contains('\n'),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&full).ok();
+    std::fs::remove_dir_all(&cut).ok();
+}
+
+#[test]
 fn nonfinite_steps_are_not_applied_and_stop_the_run() {
     // SGD at a learning rate of 1e30: step 1 leaves huge but finite weights, from step 2 on
     // the loss overflows.

@@ -182,7 +182,12 @@ fn base_config(a: &Args) -> Result<TrainConfig> {
     if a.config.is_none() && a.resume {
         let own = a.out.join("config.toml");
         if own.exists() {
-            return load_config(Some(&own));
+            let text = std::fs::read_to_string(&own)
+                .with_context(|| format!("cannot read config {}", own.display()))?;
+            return Ok(TrainConfig::from_run_toml(
+                &text,
+                &own.display().to_string(),
+            )?);
         }
     }
     load_config(a.config.as_deref())

@@ -225,16 +225,14 @@ fn prepare_dir(
                 dir: rd.dir.clone(),
             });
         }
+        let src = rd
+            .open_checkpoint()?
+            .ok_or_else(|| TrainError::NoCheckpoint {
+                dir: rd.dir.clone(),
+            })?;
         let theirs = match std::fs::read_to_string(rd.config()) {
-            Ok(text) => TrainConfig::from_toml(&text, &rd.config().display().to_string())?,
-            Err(_) => {
-                let src = rd
-                    .open_checkpoint()?
-                    .ok_or_else(|| TrainError::NoCheckpoint {
-                        dir: rd.dir.clone(),
-                    })?;
-                TrainConfig::from_toml(src.config(), &src.path().display().to_string())?
-            }
+            Ok(text) => TrainConfig::from_run_toml(&text, &rd.config().display().to_string())?,
+            Err(_) => TrainConfig::from_run_toml(src.config(), &src.path().display().to_string())?,
         };
         let fields: Vec<String> = config_diff(&theirs, cfg)
             .into_iter()
@@ -246,6 +244,7 @@ fn prepare_dir(
                 fields,
             });
         }
+        check_cooldown_on_resume(&theirs, cfg, src.step(), &rd.dir)?;
     } else if rd.holds_run() {
         if !opts.overwrite {
             let step = rd.open_checkpoint().ok().flatten().map(|c| c.step());
@@ -257,6 +256,43 @@ fn prepare_dir(
         rd.clear()?;
     }
     Ok(lock)
+}
+
+/// A run whose learning rate cools down over its last steps may be resumed with another
+/// `steps` only while every step taken so far ran at the full rate under both run lengths:
+/// then the resumed run is the uninterrupted run of the new length. Past that point the
+/// rate would jump (a finished run's rate rising back from near zero), so it is refused.
+fn check_cooldown_on_resume(
+    theirs: &TrainConfig,
+    cfg: &TrainConfig,
+    done: u64,
+    dir: &std::path::Path,
+) -> Result<(), TrainError> {
+    if theirs.steps == cfg.steps {
+        return Ok(());
+    }
+    let lr = cfg.optimizer.lr();
+    let (old_n, new_n) = (
+        lr.cooldown_steps(theirs.steps),
+        lr.cooldown_steps(cfg.steps),
+    );
+    if old_n == 0 {
+        return Ok(());
+    }
+    // Step t runs at clamp((T + 1 - t) / n, 0, 1) of the rate: below 1 from T + 2 - n on.
+    let first_cooled = (theirs.steps.saturating_add(2))
+        .saturating_sub(old_n)
+        .min(cfg.steps.saturating_add(2).saturating_sub(new_n));
+    if done < first_cooled {
+        return Ok(());
+    }
+    Err(TrainError::CooldownMoved {
+        dir: dir.to_path_buf(),
+        done,
+        from: theirs.steps,
+        to: cfg.steps,
+        first_cooled,
+    })
 }
 
 /// Refuse a run that cannot fit: the global state held on the host while it is sharded,
