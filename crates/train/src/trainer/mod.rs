@@ -106,14 +106,6 @@ pub enum TrainError {
     NoCheckpoint { dir: PathBuf },
     #[error("--resume: the config differs from the run's own ({dir}/config.toml) in {}; only `steps`, `data.dir`, `mesh`, `model.remat`, `model.checkpoint` and `model.overlap` may change when resuming (drop --config to use the run's), or start a new run with another --out", fields.join(", "))]
     ConfigChanged { dir: PathBuf, fields: Vec<String> },
-    #[error("--resume: {dir} has taken {done} steps, and its learning rate falls towards zero over the end of the run, below the full rate from step {first_cooled} on (optimizer.lr.cooldown), so with steps = {to} instead of {from} the rate would not be the uninterrupted run's; resume with steps = {from}, or start a new run with another --out")]
-    CooldownMoved {
-        dir: PathBuf,
-        done: u64,
-        from: u64,
-        to: u64,
-        first_cooled: u64,
-    },
     #[error("step {step}: {what} is not finite{}; {skipped} step(s) in a row were not applied and no checkpoint of them was written (the last good one stays); lower the learning rate (optimizer.lr), enable clipping, or raise nonfinite_limit to skip more such steps", last_finite.map(|(s, l)| format!(" (last finite loss {l:.4} at step {s})")).unwrap_or_default())]
     NonFinite {
         step: u64,

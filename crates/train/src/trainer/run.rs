@@ -244,7 +244,9 @@ fn prepare_dir(
                 fields,
             });
         }
-        check_cooldown_on_resume(&theirs, cfg, src.step(), &rd.dir)?;
+        if let Some(notice) = cooldown_notice(&theirs, cfg, src.step()) {
+            on(Event::Status(&notice));
+        }
     } else if rd.holds_run() {
         if !opts.overwrite {
             let step = rd.open_checkpoint().ok().flatten().map(|c| c.step());
@@ -258,18 +260,16 @@ fn prepare_dir(
     Ok(lock)
 }
 
-/// A run whose learning rate cools down over its last steps may be resumed with another
-/// `steps` only while every step taken so far ran at the full rate under both run lengths:
-/// then the resumed run is the uninterrupted run of the new length. Past that point the
-/// rate would jump (a finished run's rate rising back from near zero), so it is refused.
-fn check_cooldown_on_resume(
-    theirs: &TrainConfig,
-    cfg: &TrainConfig,
-    done: u64,
-    dir: &std::path::Path,
-) -> Result<(), TrainError> {
+/// What to tell the user when a run whose learning rate cools down over its last steps is
+/// resumed with another `steps`: the cool-down moves to the new end, which is the
+/// uninterrupted run of the new length only while every step taken so far ran at the full
+/// rate under both lengths. Past that point (stopping a long run early, or extending a
+/// finished one, whose rate then rises back from near zero) the run goes on, and the notice
+/// says from which step its rate differs from the uninterrupted run's. `None`: nothing
+/// to say.
+fn cooldown_notice(theirs: &TrainConfig, cfg: &TrainConfig, done: u64) -> Option<String> {
     if theirs.steps == cfg.steps {
-        return Ok(());
+        return None;
     }
     let lr = cfg.optimizer.lr();
     let (old_n, new_n) = (
@@ -277,21 +277,20 @@ fn check_cooldown_on_resume(
         lr.cooldown_steps(cfg.steps),
     );
     if old_n == 0 {
-        return Ok(());
+        return None;
     }
     // Step t runs at clamp((T + 1 - t) / n, 0, 1) of the rate: below 1 from T + 2 - n on.
     let first_cooled = (theirs.steps.saturating_add(2))
         .saturating_sub(old_n)
         .min(cfg.steps.saturating_add(2).saturating_sub(new_n));
-    if done < first_cooled {
-        return Ok(());
-    }
-    Err(TrainError::CooldownMoved {
-        dir: dir.to_path_buf(),
-        done,
-        from: theirs.steps,
-        to: cfg.steps,
-        first_cooled,
+    (done >= first_cooled).then(|| {
+        format!(
+            "note: steps = {} instead of {} moves the learning rate's cool-down \
+             (optimizer.lr.cooldown) to the new end, and {done} steps have run, some of them \
+             (from step {first_cooled}) below the full rate: from here on the rate is the \
+             {}-step schedule's, not the uninterrupted run's",
+            cfg.steps, theirs.steps, cfg.steps
+        )
     })
 }
 
