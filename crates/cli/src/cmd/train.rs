@@ -62,7 +62,8 @@ pub struct Args {
     data: Option<String>,
     /// Continue from the run directory's last checkpoint, with the run's own config.toml
     /// (a --config may change only `steps`, `data.dir`, the mesh, `model.remat`,
-    /// `model.checkpoint` and `model.overlap`).
+    /// `model.checkpoint` and `model.overlap`; other `steps` move the learning rate's
+    /// cool-down to the new end).
     #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
     /// Replace the run the directory holds (without it, such a directory is refused).
