@@ -50,6 +50,14 @@ fn overlay(base: &mut toml::Table, user: toml::Table) {
     }
 }
 
+/// A TOML error as a one-line [`ConfigError::Parse`] naming the file.
+fn parse_error(path: &str, e: toml::de::Error) -> ConfigError {
+    ConfigError::Parse {
+        path: path.to_string(),
+        msg: e.to_string().replace('\n', " ").trim().to_string(),
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("config {path}: {msg}")]
@@ -405,17 +413,12 @@ impl TrainConfig {
     /// [`TrainConfig::from_toml`] without [`TrainConfig::validate`], for a caller that
     /// overrides fields (the CLI's `--mesh`, `--steps`) and validates the result.
     pub fn parse_toml(text: &str, path: &str) -> Result<TrainConfig, ConfigError> {
-        let parse_err = |msg: String| ConfigError::Parse {
-            path: path.to_string(),
-            msg: msg.replace('\n', " ").trim().to_string(),
-        };
-        let user: toml::Table = toml::from_str(text).map_err(|e| parse_err(e.to_string()))?;
+        let parse_err = |e: toml::de::Error| parse_error(path, e);
+        let user: toml::Table = toml::from_str(text).map_err(parse_err)?;
         let mut merged: toml::Table =
             toml::from_str(&TrainConfig::default().to_toml()).expect("the default config parses");
         overlay(&mut merged, user);
-        let cfg: TrainConfig = toml::Value::Table(merged)
-            .try_into()
-            .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
+        let cfg: TrainConfig = toml::Value::Table(merged).try_into().map_err(parse_err)?;
         Ok(cfg)
     }
 
@@ -424,10 +427,7 @@ impl TrainConfig {
     /// an older version lacks takes its own default (no `lr.cooldown` is 0), so resuming
     /// the run keeps the schedule it trained with. Validated.
     pub fn from_run_toml(text: &str, path: &str) -> Result<TrainConfig, ConfigError> {
-        let cfg: TrainConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_string(),
-            msg: e.to_string().replace('\n', " ").trim().to_string(),
-        })?;
+        let cfg: TrainConfig = toml::from_str(text).map_err(|e| parse_error(path, e))?;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -213,6 +213,15 @@ impl LrSchedule {
         }
     }
 
+    /// The first step of a run of `run_steps` steps that the cool-down runs below the full
+    /// rate (`T + 2 - n`; `T + 1`, past the run, when `n = 1`); `None` without a cool-down.
+    pub fn first_cooled_step(&self, run_steps: u64) -> Option<u64> {
+        match self.cooldown_steps(run_steps) {
+            0 => None,
+            n => Some(run_steps.saturating_add(2).saturating_sub(n)),
+        }
+    }
+
     /// The value at 1-based step `t` of a run of `run_steps` steps, computed on the host in
     /// f64 with the same operations, in the same order, as [`LrSchedule::emit`].
     pub fn value(&self, t: f64, run_steps: u64) -> f64 {

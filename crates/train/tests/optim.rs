@@ -18,10 +18,10 @@ use train::optim::{
 
 #[path = "optim/reference.rs"]
 mod reference;
+use reference::*;
 
 /// The run length every update program here is built for (only a cool-down reads it).
 const RUN_STEPS: u64 = 6;
-use reference::*;
 
 // ---------------------------------------------------------------- helpers
 
@@ -332,6 +332,9 @@ fn schedule_values() {
         (7, 0.0),
     ];
     assert_eq!(RUN_STEPS, 6, "want_cool is written for a 6-step run");
+    // Step 4 runs at the full rate (rsqrt(4) = 0.5), step 5 below it.
+    assert_eq!(cool.first_cooled_step(RUN_STEPS), Some(5));
+    assert_eq!(warm.first_cooled_step(RUN_STEPS), None);
     for (s, want) in [
         (&warm, &want[..]),
         (&relative, &want_rel[..]),
@@ -784,31 +787,35 @@ fn errors_name_the_parameter_and_the_fix() {
         .append_update(&b, &[spec("w", &[2, 2])], RUN_STEPS)
         .unwrap_err();
     assert!(matches!(e, OptimError::OutputExists { .. }), "{e}");
-    // Bad settings.
-    let bad = Optimizer::Adam(AdamConfig {
-        beta1: 1.5,
-        ..AdamConfig::default()
-    });
-    let e = bad
-        .append_update(&Builder::new(), &[], RUN_STEPS)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("beta1") && e.contains("[0, 1)"), "{e}");
-    // A cool-down longer than the run.
-    let bad = Optimizer::Adam(AdamConfig {
-        lr: LrSchedule::Rsqrt {
-            base: 0.1,
-            warmup_steps: 0,
-            linear_warmup: false,
-            cooldown: 1.5,
-        },
-        ..AdamConfig::default()
-    });
-    let e = bad
-        .append_update(&Builder::new(), &[], RUN_STEPS)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("lr.cooldown") && e.contains("0 to 1"), "{e}");
+    // Bad settings: momentum of 1.5, a cool-down longer than the run.
+    let cool = LrSchedule::Rsqrt {
+        base: 0.1,
+        warmup_steps: 0,
+        linear_warmup: false,
+        cooldown: 1.5,
+    };
+    for (bad, want) in [
+        (
+            AdamConfig {
+                beta1: 1.5,
+                ..AdamConfig::default()
+            },
+            ["beta1", "[0, 1)"],
+        ),
+        (
+            AdamConfig {
+                lr: cool,
+                ..AdamConfig::default()
+            },
+            ["lr.cooldown", "0 to 1"],
+        ),
+    ] {
+        let e = Optimizer::Adam(bad)
+            .append_update(&Builder::new(), &[], RUN_STEPS)
+            .unwrap_err()
+            .to_string();
+        assert!(want.iter().all(|w| e.contains(w)), "{e}");
+    }
     // Integer parameters are refused.
     let b = Builder::new();
     let i = b.param("i", Type::new(DType::I32, [2]));

@@ -28,7 +28,7 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, TrainError> {
         .ok_or_else(|| TrainError::NoCheckpoint {
             dir: rd.dir.clone(),
         })?;
-    let cfg = TrainConfig::from_toml(src.config(), &src.path().display().to_string())?;
+    let cfg = TrainConfig::from_run_toml(src.config(), &src.path().display().to_string())?;
     let tok = Tokenizer::load(rd.tokenizer())?;
     let programs = build_programs(&cfg, tok.vocab_size())?;
     let comm = std::sync::Arc::new(

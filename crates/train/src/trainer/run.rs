@@ -225,14 +225,18 @@ fn prepare_dir(
                 dir: rd.dir.clone(),
             });
         }
-        let src = rd
-            .open_checkpoint()?
-            .ok_or_else(|| TrainError::NoCheckpoint {
-                dir: rd.dir.clone(),
-            })?;
+        let open = || {
+            rd.open_checkpoint()?
+                .ok_or_else(|| TrainError::NoCheckpoint {
+                    dir: rd.dir.clone(),
+                })
+        };
         let theirs = match std::fs::read_to_string(rd.config()) {
             Ok(text) => TrainConfig::from_run_toml(&text, &rd.config().display().to_string())?,
-            Err(_) => TrainConfig::from_run_toml(src.config(), &src.path().display().to_string())?,
+            Err(_) => {
+                let src = open()?;
+                TrainConfig::from_run_toml(src.config(), &src.path().display().to_string())?
+            }
         };
         let fields: Vec<String> = config_diff(&theirs, cfg)
             .into_iter()
@@ -244,8 +248,17 @@ fn prepare_dir(
                 fields,
             });
         }
-        if let Some(notice) = cooldown_notice(&theirs, cfg, src.step()) {
-            on(Event::Status(&notice));
+        if let Some(first) = cooldown_moved_from(&theirs, cfg) {
+            let done = open()?.step();
+            if done >= first {
+                on(Event::Status(&format!(
+                    "note: steps = {} instead of {} moves the learning rate's cool-down \
+                     (optimizer.lr.cooldown) to the new end, and {done} steps have run, some \
+                     of them (from step {first}) below the full rate: from here on the rate \
+                     is the {}-step schedule's, not the uninterrupted run's",
+                    cfg.steps, theirs.steps, cfg.steps
+                )));
+            }
         }
     } else if rd.holds_run() {
         if !opts.overwrite {
@@ -260,38 +273,20 @@ fn prepare_dir(
     Ok(lock)
 }
 
-/// What to tell the user when a run whose learning rate cools down over its last steps is
-/// resumed with another `steps`: the cool-down moves to the new end, which is the
-/// uninterrupted run of the new length only while every step taken so far ran at the full
-/// rate under both lengths. Past that point (stopping a long run early, or extending a
-/// finished one, whose rate then rises back from near zero) the run goes on, and the notice
-/// says from which step its rate differs from the uninterrupted run's. `None`: nothing
-/// to say.
-fn cooldown_notice(theirs: &TrainConfig, cfg: &TrainConfig, done: u64) -> Option<String> {
+/// A run whose learning rate cools down over its last steps, resumed with another `steps`:
+/// the cool-down moves to the new end. The first step whose rate differs between the two
+/// lengths (the first either runs below the full rate); the resumed run is the
+/// uninterrupted run of the new length while the steps taken so far are before it. `None`:
+/// the same length, or no cool-down.
+fn cooldown_moved_from(theirs: &TrainConfig, cfg: &TrainConfig) -> Option<u64> {
     if theirs.steps == cfg.steps {
         return None;
     }
     let lr = cfg.optimizer.lr();
-    let (old_n, new_n) = (
-        lr.cooldown_steps(theirs.steps),
-        lr.cooldown_steps(cfg.steps),
-    );
-    if old_n == 0 {
-        return None;
-    }
-    // Step t runs at clamp((T + 1 - t) / n, 0, 1) of the rate: below 1 from T + 2 - n on.
-    let first_cooled = (theirs.steps.saturating_add(2))
-        .saturating_sub(old_n)
-        .min(cfg.steps.saturating_add(2).saturating_sub(new_n));
-    (done >= first_cooled).then(|| {
-        format!(
-            "note: steps = {} instead of {} moves the learning rate's cool-down \
-             (optimizer.lr.cooldown) to the new end, and {done} steps have run, some of them \
-             (from step {first_cooled}) below the full rate: from here on the rate is the \
-             {}-step schedule's, not the uninterrupted run's",
-            cfg.steps, theirs.steps, cfg.steps
-        )
-    })
+    Some(
+        lr.first_cooled_step(theirs.steps)?
+            .min(lr.first_cooled_step(cfg.steps)?),
+    )
 }
 
 /// Refuse a run that cannot fit: the global state held on the host while it is sharded,
