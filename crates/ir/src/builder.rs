@@ -813,6 +813,12 @@ impl Value {
 
     /// One-hot of integer `self` over `depth` classes, as a new last dim.
     pub fn one_hot(&self, depth: usize, dtype: DType) -> Value {
+        self.one_hot_mask(depth).convert(dtype)
+    }
+
+    /// The one-hot's mask (bool, `true` at each element's class) over `depth` classes, as a
+    /// new last dim: for picking one class's value with [`Value::select`].
+    pub fn one_hot_mask(&self, depth: usize) -> Value {
         let mut shape = self.shape();
         shape.push(depth);
         let iota = self
@@ -821,7 +827,7 @@ impl Value {
         let idx = self
             .convert(DType::I32)
             .broadcast_in_dim(&shape, &(0..self.rank()).collect::<Vec<_>>());
-        iota.eq(&idx).convert(dtype)
+        iota.eq(&idx)
     }
 
     /// Top-`k` along the last dim by repeated argmax (ties: lowest index first).

@@ -314,6 +314,13 @@ pub fn attention(
 /// Mean token cross-entropy of `logits [B,T,V]` against integer `targets [B,T]`, weighted by
 /// `weights [B,T]` (1 = real token, 0 = padding), with optional label smoothing. Returns
 /// `(mean loss, number of real tokens)`.
+///
+/// With `ε` the smoothing, the target distribution is `q = (1-ε) onehot + ε/V`; a token's
+/// loss `-Σ_v q_v log p_v` is, since `Σ_v q_v = 1` and `log p_v = z_v - lse` (`z` the
+/// logits less their maximum, `lse = log Σ_v exp z_v`), `lse - (1-ε) z_target - (ε/V) Σ_v z_v`.
+/// So neither the log-probabilities nor the one-hot are built: the target's `z` is picked
+/// with the one-hot's mask (a `gather` instead, whose gradient scatters into a zeroed row,
+/// made the main job's step 8% longer).
 pub fn cross_entropy(
     logits: &Value,
     targets: &Value,
@@ -321,17 +328,15 @@ pub fn cross_entropy(
     label_smoothing: f64,
 ) -> (Value, Value) {
     let v = *logits.shape().last().unwrap();
-    let dt = logits.dtype();
-    let logp = logits.log_softmax(2);
-    let onehot = targets.one_hot(v, dt);
-    let target_dist = if label_smoothing > 0.0 {
-        onehot
-            .mul(1.0 - label_smoothing)
-            .add(label_smoothing / v as f64)
+    let z = logits.sub(&logits.max_keepdims(&[2]).stop_gradient());
+    let lse = z.exp().sum(&[2]).log();
+    let picked = targets.one_hot_mask(v).select(&z, 0.0).sum(&[2]);
+    let tok = if label_smoothing > 0.0 {
+        lse.sub(&picked.mul(1.0 - label_smoothing))
+            .sub(&z.sum(&[2]).mul(label_smoothing / v as f64))
     } else {
-        onehot
+        lse.sub(&picked)
     };
-    let tok = logp.mul(&target_dist).sum(&[2]).neg();
     let n = weights.sum_all();
     let loss = tok.mul(weights).sum_all().div(&n.max(1.0));
     (loss, n)

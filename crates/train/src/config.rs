@@ -131,7 +131,9 @@ impl MeshConfig {
 pub struct DataConfig {
     /// Where the corpus lives (built by `gshard data` when absent).
     pub dir: String,
-    /// Source languages; empty = the `max_langs` largest.
+    /// Source languages; empty = `max_langs` of the corpus's: those users try first (French,
+    /// German, Spanish, Italian, Brazilian Portuguese, Russian, Simplified Chinese,
+    /// Japanese, then Korean, ...; `trainer::FIRST_LANGS`), then the largest others.
     pub langs: Vec<String>,
     pub max_langs: usize,
     /// GShard's data balancing: p(lang) ∝ n^(1/T).
@@ -292,7 +294,7 @@ impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             seed: 1,
-            steps: 2400,
+            steps: 2600,
             log_every: 10,
             eval_every: 500,
             checkpoint_every: 500,
@@ -337,7 +339,7 @@ impl Default for DataConfig {
         DataConfig {
             dir: "data".into(),
             langs: Vec::new(),
-            max_langs: 14,
+            max_langs: 8,
             temperature: 5.0,
             // 64 tokens a side: cutting at 32 left the longest sentences, which carry most
             // of the dev set's characters, half translated.

@@ -527,3 +527,48 @@ fn bias_balancing_trains_without_the_aux_loss_and_keeps_its_biases() {
     std::fs::remove_dir_all(&dir).ok();
     std::fs::remove_dir_all(&plain).ok();
 }
+
+/// `langs = []` takes the languages users try first (`FIRST_LANGS`, in its order) before
+/// larger ones, fills `max_langs` with the largest others, and orders the run's languages
+/// largest first.
+#[test]
+fn an_empty_language_list_takes_the_first_languages_then_the_largest() {
+    // Training pairs per language, well apart so that the held-out cut keeps the order.
+    let sizes = [
+        ("xx", 900),
+        ("yy", 700),
+        ("fr", 500),
+        ("ja", 300),
+        ("de", 100),
+    ];
+    let mut pairs = Vec::new();
+    for (lang, n) in sizes {
+        for i in 0..n {
+            pairs.push(Pair {
+                lang: Arc::from(lang),
+                origin: Arc::from("test"),
+                english: format!("english sentence {lang} {i}"),
+                source: format!("source {lang} {i}"),
+            });
+        }
+    }
+    let corpus = Corpus::from_pairs(pairs);
+    let pick = |max_langs: usize| {
+        let mut c = TrainConfig::default();
+        c.data.max_langs = max_langs;
+        train::trainer::select_langs(&c, &corpus).unwrap()
+    };
+    assert_eq!(pick(2), ["fr", "de"]);
+    assert_eq!(pick(3), ["fr", "ja", "de"]);
+    assert_eq!(pick(4), ["xx", "fr", "ja", "de"]);
+    assert_eq!(pick(9), ["xx", "yy", "fr", "ja", "de"]);
+    assert_eq!(
+        TrainConfig::default().data.max_langs,
+        8,
+        "the main job trains on the first eight of FIRST_LANGS"
+    );
+    assert_eq!(
+        &train::trainer::FIRST_LANGS[..8],
+        ["fr", "de", "es", "it", "pt-BR", "ru", "zh-Hans", "ja"]
+    );
+}

@@ -67,6 +67,10 @@ pub fn unary(u: UnaryOp, dtype: DType, x: f64) -> f64 {
         };
         return r as f64;
     }
+    if dtype == DType::F32 && matches!(u, UnaryOp::Exp) {
+        // gshard's f32 `exp` (the executor's rule, bit for bit).
+        return crate::kernels::vmath::exp_scalar(x as f32) as f64;
+    }
     float_unary(u, x)
 }
 

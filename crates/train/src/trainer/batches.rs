@@ -58,8 +58,15 @@ pub fn tokenizer_for(
     Ok((langs, tok))
 }
 
-/// The run's source languages, in the trainer's order: `data.langs` when given, else the
-/// `max_langs` largest by training pairs.
+/// The languages a `langs = []` run takes first, in this order, when the corpus has them:
+/// those users try first. The rest of `max_langs` are the largest others.
+pub const FIRST_LANGS: [&str; 14] = [
+    "fr", "de", "es", "it", "pt-BR", "ru", "zh-Hans", "ja", "ko", "zh-Hant", "pl", "tr", "nl", "cs",
+];
+
+/// The run's source languages, in the trainer's order: `data.langs` when given, else
+/// `max_langs` of them, [`FIRST_LANGS`] first (in its order) and then the largest by
+/// training pairs; the trainer's order is largest first either way.
 pub fn select_langs(cfg: &TrainConfig, corpus: &Corpus) -> Result<Vec<String>, TrainError> {
     if !cfg.data.langs.is_empty() {
         for l in &cfg.data.langs {
@@ -84,12 +91,18 @@ pub fn select_langs(cfg: &TrainConfig, corpus: &Corpus) -> Result<Vec<String>, T
             .then(held[&b.0].cmp(&held[&a.0]))
             .then(a.0.cmp(&b.0))
     });
-    let langs: Vec<String> = sizes
-        .into_iter()
-        .filter(|(_, n)| *n > 0)
-        .take(cfg.data.max_langs)
-        .map(|(l, _)| l)
-        .collect();
+    sizes.retain(|(_, n)| *n > 0);
+    let first = |l: &str| {
+        FIRST_LANGS
+            .iter()
+            .position(|f| *f == l)
+            .unwrap_or(usize::MAX)
+    };
+    let mut chosen: Vec<usize> = (0..sizes.len()).collect();
+    chosen.sort_by_key(|&i| (first(&sizes[i].0), i));
+    chosen.truncate(cfg.data.max_langs);
+    chosen.sort_unstable();
+    let langs: Vec<String> = chosen.into_iter().map(|i| sizes[i].0.clone()).collect();
     if langs.is_empty() {
         return Err(TrainError::Data(
             "the corpus has no training pairs; run `gshard data`".into(),

@@ -39,7 +39,7 @@ mod step;
 
 pub use batches::{
     batch_at, batch_tensors, held_out, packed_batch_at, packed_tensors, prepare_data, select_langs,
-    tokenizer_for, Data, Example,
+    tokenizer_for, Data, Example, FIRST_LANGS,
 };
 pub use ckpt::SaveOptions;
 pub use decode::{translate, DecodeMode, DecodeOptions};
