@@ -864,9 +864,11 @@ fn bad_compression_settings_are_refused() {
         let out = run(c, Duration::from_secs(120), "bench with a bad --compress");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{setting}");
+        // The ranks' own line (`error: rank 0 of 2: ...`), not Open MPI's abort banner
+        // ("with errorcode 2."), which may reach stderr first.
         let line = stderr
             .lines()
-            .find(|l| l.contains("error"))
+            .find(|l| l.contains("error: "))
             .unwrap_or_default();
         assert!(
             line.contains(says) && line.contains(setting),

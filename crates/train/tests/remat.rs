@@ -5,8 +5,8 @@
 //! context); under `dots` the first step too is within f32 rounding, since every operand
 //! of the backward's dots but the kept products is a recomputed clone, and the executor
 //! fuses such dots with other epilogues (a dot with its row sums fused, or a multiply, a
-//! select and an add after it, in one program and not the other), which round differently; a run may
-//! switch policy when it resumes; a bad policy is a one-line error.
+//! select and an add after it, in one program and not the other), which round
+//! differently; a run may switch policy when it resumes; a bad policy is a one-line error.
 //! `remat = "marked"` recomputes the sublayers `model.checkpoint` marks: the same run, a
 //! lower measured peak memory per device, and a one-line error when nothing is marked.
 

@@ -572,3 +572,37 @@ fn an_empty_language_list_takes_the_first_languages_then_the_largest() {
         ["fr", "de", "es", "it", "pt-BR", "ru", "zh-Hans", "ja"]
     );
 }
+
+/// A resumed `langs = []` run trains on the languages its tokenizer holds, in the corpus's
+/// order, whatever the rule would choose today. A run started before `FIRST_LANGS` with
+/// `max_langs = 1` on this corpus (German and French, the same size) took German, the first
+/// tag; its config says `langs = []`, under which the rule now picks French. Resumed, its
+/// loss curve is the uninterrupted German run's.
+#[test]
+fn a_resumed_run_keeps_the_languages_it_started_with() {
+    let c = corpus();
+    let mut german = tiny();
+    german.data.langs = vec!["de".into()];
+    let full = tmp("langs-full");
+    run(&german, &c, &RunOptions::new(full.clone()), &mut |_| {}).unwrap();
+    let cut = tmp("langs-cut");
+    let first = RunOptions {
+        stop_after: Some(4),
+        ..RunOptions::new(cut.clone())
+    };
+    run(&german, &c, &first, &mut |_| {}).unwrap();
+    // The run's config as the older version wrote it.
+    let mut rule = german.clone();
+    rule.data.langs = vec![];
+    rule.data.max_langs = 1;
+    std::fs::write(cut.join("config.toml"), rule.to_toml()).unwrap();
+    assert_eq!(train::trainer::select_langs(&rule, &c).unwrap(), ["fr"]);
+    let resume = RunOptions {
+        resume: true,
+        ..RunOptions::new(cut.clone())
+    };
+    run(&rule, &c, &resume, &mut |_| {}).unwrap();
+    assert_eq!(losses(&full), losses(&cut));
+    std::fs::remove_dir_all(&full).ok();
+    std::fs::remove_dir_all(&cut).ok();
+}

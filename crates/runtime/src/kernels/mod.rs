@@ -17,8 +17,8 @@
 //!
 //! Numerics (the contract checked by `tests/exec_kernels.rs` against the reference):
 //! data movement, integer ops, comparisons and `+ - * / sqrt` are bit-exact; transcendental
-//! f32 functions are computed in f64 and rounded once, exactly like the reference (`exp` on
-//! AVX2 lanes with a scalar fallback where the rounding could differ: [`vmath`]); f32/bf16
+//! f32 functions are computed in f64 and rounded once, exactly like the reference, except
+//! `exp`, whose f32 rule both share ([`vmath::exp_scalar`], on vector lanes here); f32/bf16
 //! sums (reduce, cumsum, scatter-add, all-reduce) accumulate in f64 and round once; dot
 //! products and convolutions accumulate in f32 (bf16 operands widened to f32), within 1e-5
 //! of the reference relative to `sum |x_i y_i|`.

@@ -10,7 +10,7 @@
 //! - `e^r = 1 + r + r^2 p(r)` with `p` the degree-5 minimax polynomial of Cephes' `expf`
 //!   (S. Moshier), in Horner form;
 //! - times `2^k` as `2^(k - h) 2^h`, `h = floor(k/2)`: both factors are normal f32 for `k` in
-//!   `[-150, 129]`, the first product is exact and the second rounds once, so subnormal
+//!   `[-150, 128]`, the first product is exact and the second rounds once, so subnormal
 //!   results are correctly scaled and overflow gives +inf.
 //!
 //! Its error against the exact value is within 2 ulp over the whole range (tested against

@@ -2,9 +2,11 @@
 //! of the operand dtype held in `f64`; the caller rounds results to the result dtype.
 //!
 //! Floats (f32, f64, bf16) compute in f64 and round once, which for `+ - * /` and `sqrt`
-//! gives exactly the correctly rounded f32/bf16 result. i32 uses two's-complement wrapping
-//! integer arithmetic. bool values are 0 / 1 and follow the float rules followed by `!= 0`
-//! (verify only admits `not`, `and`, `or`, compare and select on bool).
+//! gives exactly the correctly rounded f32/bf16 result; f32 `exp` alone is gshard's own f32
+//! rule ([`crate::kernels::vmath::exp_scalar`]), which the executor shares. i32 uses
+//! two's-complement wrapping integer arithmetic. bool values are 0 / 1 and follow the float
+//! rules followed by `!= 0` (verify only admits `not`, `and`, `or`, compare and select on
+//! bool).
 //!
 //! Choices where `op.rs` leaves freedom:
 //! - i32 `div` truncates toward zero, `x / 0 = 0`, `i32::MIN / -1 = i32::MIN` (wrapping);

@@ -64,9 +64,9 @@ pub const FIRST_LANGS: [&str; 14] = [
     "fr", "de", "es", "it", "pt-BR", "ru", "zh-Hans", "ja", "ko", "zh-Hant", "pl", "tr", "nl", "cs",
 ];
 
-/// The run's source languages, in the trainer's order: `data.langs` when given, else
-/// `max_langs` of them, [`FIRST_LANGS`] first (in its order) and then the largest by
-/// training pairs; the trainer's order is largest first either way.
+/// The run's source languages, in the trainer's order (largest first): `data.langs` as
+/// given when set, else `max_langs` of the corpus's, [`FIRST_LANGS`] first (in its order)
+/// and then the largest others.
 pub fn select_langs(cfg: &TrainConfig, corpus: &Corpus) -> Result<Vec<String>, TrainError> {
     if !cfg.data.langs.is_empty() {
         for l in &cfg.data.langs {
@@ -79,19 +79,7 @@ pub fn select_langs(cfg: &TrainConfig, corpus: &Corpus) -> Result<Vec<String>, T
         }
         return Ok(cfg.data.langs.clone());
     }
-    // Largest first by training pairs; ties (a corpus capped per language) by held-out
-    // pairs, which are never capped; then by tag.
-    let held: HashMap<String, usize> = corpus
-        .iter()
-        .map(|(l, d)| (l.to_string(), d.dev.len() + d.test.len()))
-        .collect();
-    let mut sizes = corpus.sizes(Split::Train);
-    sizes.sort_by(|a, b| {
-        b.1.cmp(&a.1)
-            .then(held[&b.0].cmp(&held[&a.0]))
-            .then(a.0.cmp(&b.0))
-    });
-    sizes.retain(|(_, n)| *n > 0);
+    let sizes = by_size(corpus);
     let first = |l: &str| {
         FIRST_LANGS
             .iter()
@@ -99,16 +87,43 @@ pub fn select_langs(cfg: &TrainConfig, corpus: &Corpus) -> Result<Vec<String>, T
             .unwrap_or(usize::MAX)
     };
     let mut chosen: Vec<usize> = (0..sizes.len()).collect();
-    chosen.sort_by_key(|&i| (first(&sizes[i].0), i));
+    chosen.sort_by_key(|&i| (first(&sizes[i]), i));
     chosen.truncate(cfg.data.max_langs);
     chosen.sort_unstable();
-    let langs: Vec<String> = chosen.into_iter().map(|i| sizes[i].0.clone()).collect();
+    let langs: Vec<String> = chosen.into_iter().map(|i| sizes[i].clone()).collect();
     if langs.is_empty() {
         return Err(TrainError::Data(
             "the corpus has no training pairs; run `gshard data`".into(),
         ));
     }
     Ok(langs)
+}
+
+/// `langs` (a run's tokenizer's languages) in the trainer's order, largest first: how a
+/// resumed `langs = []` run gets the languages it started with, whichever rule chose them
+/// then. Languages the corpus lacks are left out (the caller's check names them).
+pub fn langs_by_size(corpus: &Corpus, langs: &[String]) -> Vec<String> {
+    by_size(corpus)
+        .into_iter()
+        .filter(|l| langs.contains(l))
+        .collect()
+}
+
+/// The corpus's languages with training pairs, largest first; ties (a corpus capped per
+/// language) by held-out pairs, which are never capped; then by tag.
+fn by_size(corpus: &Corpus) -> Vec<String> {
+    let held: HashMap<String, usize> = corpus
+        .iter()
+        .map(|(l, d)| (l.to_string(), d.dev.len() + d.test.len()))
+        .collect();
+    let mut sizes = corpus.sizes(Split::Train);
+    sizes.retain(|(_, n)| *n > 0);
+    sizes.sort_by(|a, b| {
+        b.1.cmp(&a.1)
+            .then(held[&b.0].cmp(&held[&a.0]))
+            .then(a.0.cmp(&b.0))
+    });
+    sizes.into_iter().map(|(l, _)| l).collect()
 }
 
 /// `p` as token ids, each side cut to fit `max_len` (the target keeps one slot for `<s>`).

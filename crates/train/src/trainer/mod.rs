@@ -38,8 +38,8 @@ mod rundir;
 mod step;
 
 pub use batches::{
-    batch_at, batch_tensors, held_out, packed_batch_at, packed_tensors, prepare_data, select_langs,
-    tokenizer_for, Data, Example, FIRST_LANGS,
+    batch_at, batch_tensors, held_out, langs_by_size, packed_batch_at, packed_tensors,
+    prepare_data, select_langs, tokenizer_for, Data, Example, FIRST_LANGS,
 };
 pub use ckpt::SaveOptions;
 pub use decode::{translate, DecodeMode, DecodeOptions};

@@ -2,8 +2,8 @@
 //! evaluation, decoding and BLEU, and the [`Report`] it ends with.
 
 use super::batches::{
-    batch_at, batch_tensors, packed_batch_at, packed_tensors, prepare_data, real_tokens,
-    select_langs, tokenizer_for,
+    batch_at, batch_tensors, langs_by_size, packed_batch_at, packed_tensors, prepare_data,
+    real_tokens, select_langs, tokenizer_for,
 };
 use super::decode::{translate, DecodeOptions};
 use super::programs::build_programs;
@@ -444,8 +444,13 @@ pub fn run(
         Tokenizer::from_json(&String::from_utf8_lossy(&json))?
     };
     // The languages in the corpus's order (largest first), also on resume: the sampler and
-    // the dev set depend on it, and the tokenizer keeps them sorted.
-    let langs = select_langs(cfg, corpus)?;
+    // the dev set depend on it, and the tokenizer keeps them sorted. A resumed `langs = []`
+    // run takes its tokenizer's: the rule that chose them may have changed since.
+    let langs = if resume && cfg.data.langs.is_empty() {
+        langs_by_size(corpus, tok.langs())
+    } else {
+        select_langs(cfg, corpus)?
+    };
     let mut sorted = langs.clone();
     sorted.sort();
     let mut known = tok.langs().to_vec();

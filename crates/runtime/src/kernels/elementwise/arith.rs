@@ -1,7 +1,7 @@
 //! The unary and binary rules of fused groups: the reference's f64 rules (bf16 and the
-//! transcendental f32 functions go through them), the f32 chunk loops (native `+ - * /`,
-//! `max`, `min`, `exp` on vector lanes), whose operands are lanes or splat registers
-//! ([`Src`]), and the i32 rules (wrapping).
+//! transcendental f32 functions but `exp` go through them), the f32 chunk loops (native
+//! `+ - * /`, `max`, `min`, the f32 `exp` rule on vector lanes), whose operands are lanes
+//! or splat registers ([`Src`]), and the i32 rules (wrapping).
 
 use crate::kernels::reduce::{fmax, fmax32, fmin, fmin32};
 use crate::tensor::f64_to_bf16;
@@ -81,7 +81,7 @@ pub(super) fn unary_f32(u: UnaryOp, x: &[f32], o: &mut [f32]) {
         }),
         UnaryOp::Floor => it.for_each(|(o, &x)| *o = x.floor()),
         UnaryOp::Sqrt => it.for_each(|(o, &x)| *o = x.sqrt()),
-        // Vectorised, bit-identical to the f64 rule below.
+        // gshard's f32 rule, vectorised (the reference applies its scalar form).
         UnaryOp::Exp => crate::kernels::vmath::exp_f32(x, o),
         UnaryOp::Log
         | UnaryOp::Log1p

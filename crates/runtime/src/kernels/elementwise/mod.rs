@@ -24,8 +24,9 @@
 //! Scratch types: f32 and bf16 values live in `f32` lanes (bf16 values are exact in f32),
 //! f64 in `f64`, i32 in `i32`, bool in `bool`. Rounding follows the reference exactly:
 //! f32 `+ - * /`, `rem`, `sqrt`, `floor`, `abs`, `neg`, `sign`, `max`, `min` and compares
-//! are native (equal to the f64-then-round result); other f32 functions are computed in f64
-//! and rounded once; every bf16 op is computed in f64 and rounded to bf16 once.
+//! are native (equal to the f64-then-round result); f32 `exp` is the shared f32 rule
+//! ([`crate::kernels::vmath`]); other f32 functions are computed in f64 and rounded once;
+//! every bf16 op is computed in f64 and rounded to bf16 once.
 //!
 //! This file holds the group's types and the drivers (tasks over the pool, ranges); the
 //! parts, by concern:
