@@ -15,8 +15,9 @@
 //!
 //! Its error against the exact value is within 2 ulp over the whole range (tested against
 //! f64's `exp`); it is gshard's f32 `exp` in every mode (bf16 and f64 `exp` are f64's,
-//! rounded). The previous rule, f64's `exp` rounded to f32, cost ~2 ns an element even
-//! vectorised (an f64 polynomial of degree 11 on half as many lanes); this one, ~0.2 ns.
+//! rounded). The previous rule, f64's `exp` rounded to f32, evaluated an f64 polynomial of
+//! degree 11 on half as many lanes: an attention softmax's `(sub, exp)` group took 2.1 ns
+//! an element, 0.7 with this one (`op_times`, one Zen 5 core, 393k elements).
 
 /// The clamp bounds: `exp(-104)` rounds to 0 and `exp(89)` overflows.
 const LO: f32 = -104.0;

@@ -80,17 +80,16 @@ pub fn select_langs(cfg: &TrainConfig, corpus: &Corpus) -> Result<Vec<String>, T
         return Ok(cfg.data.langs.clone());
     }
     let sizes = by_size(corpus);
-    let first = |l: &str| {
-        FIRST_LANGS
-            .iter()
-            .position(|f| *f == l)
-            .unwrap_or(usize::MAX)
-    };
-    let mut chosen: Vec<usize> = (0..sizes.len()).collect();
-    chosen.sort_by_key(|&i| (first(&sizes[i]), i));
+    let first = |l: &str| FIRST_LANGS.iter().position(|f| *f == l);
+    // A stable sort: the languages outside FIRST_LANGS go last and stay largest first.
+    let mut chosen: Vec<&String> = sizes.iter().collect();
+    chosen.sort_by_key(|l| first(l).unwrap_or(usize::MAX));
     chosen.truncate(cfg.data.max_langs);
-    chosen.sort_unstable();
-    let langs: Vec<String> = chosen.into_iter().map(|i| sizes[i].clone()).collect();
+    let langs: Vec<String> = sizes
+        .iter()
+        .filter(|l| chosen.contains(l))
+        .cloned()
+        .collect();
     if langs.is_empty() {
         return Err(TrainError::Data(
             "the corpus has no training pairs; run `gshard data`".into(),
